@@ -1,0 +1,67 @@
+"""The small interface every storage backend implements.
+
+A backend knows how to create a session, append a batch (durably or not), read a log back and list sessions. It does not
+choose *when* to be durable (the checkpoint policy does) nor batch writes (the coordinator does). Locking is done by the
+store around it, identically for every backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .events import AnyEvent, SessionHeader
+
+
+class EncodedEvent(NamedTuple):
+    seq: int
+    data: bytes  # the event's JSON line, without newline
+
+
+@dataclass
+class LoadedLog:
+    header: SessionHeader
+    events: list[AnyEvent]
+    location: str  # a path (and for SQLite the session id) for messages
+    torn_bytes: int = 0  # bytes of a torn tail that were dropped (JSONL only)
+    extra: dict = field(default_factory=dict)
+
+
+class Writer(ABC):
+    """Appends to one session. Used from one thread at a time (the coordinator serializes it)."""
+
+    @abstractmethod
+    def append(self, batch: list[EncodedEvent], durable: bool) -> int:
+        """Write the batch; with `durable`, also make everything written so far reach the disk. Returns bytes written.
+
+        On failure the writer must be left so that re-appending every event after the last durable one is correct.
+        """
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Backend(ABC):
+    name: str
+
+    @abstractmethod
+    def create(self, header: SessionHeader) -> Writer:
+        """Create the session durably (it must not exist) and return its writer."""
+
+    @abstractmethod
+    def open_writer(self, session_id: str) -> tuple[Writer, LoadedLog]:
+        """Load an existing session for appending; a torn tail is cut away durably."""
+
+    @abstractmethod
+    def load(self, session_id: str) -> LoadedLog:
+        """Read-only load: never writes, never locks."""
+
+    @abstractmethod
+    def exists(self, session_id: str) -> bool: ...
+
+    @abstractmethod
+    def list_ids(self) -> list[str]: ...
+
+    def check_writable(self) -> None:
+        """Raise StoreUnavailable early (at start, not mid-turn) when sessions cannot be written."""

@@ -1,0 +1,76 @@
+"""Errors the persistence layer raises. Each message is one readable line: what went wrong and what to do."""
+
+from __future__ import annotations
+
+
+class PersistenceError(Exception):
+    """Base class; the CLI maps subclasses to exit codes."""
+
+
+class InvalidSessionId(PersistenceError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"invalid session id {session_id!r}: use 1-64 letters, digits, '.', '_' or '-', not starting with '.'"
+        )
+        self.session_id = session_id
+
+
+class SessionNotFound(PersistenceError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session {session_id!r}; `cairn sessions` lists the ones that exist")
+        self.session_id = session_id
+
+
+class SessionExists(PersistenceError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} already exists; use --resume {session_id} to continue it")
+        self.session_id = session_id
+
+
+class SessionLocked(PersistenceError):
+    def __init__(self, session_id: str, pid: int | None) -> None:
+        holder = f"process {pid}" if pid else "another process"
+        super().__init__(
+            f"session {session_id!r} is live in {holder}; close it there first (reading it with `cairn show` works)"
+        )
+        self.session_id = session_id
+        self.pid = pid
+
+
+class CorruptLog(PersistenceError):
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        super().__init__(f"{path}:{line}: session log is corrupt ({reason}); the file was left untouched")
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+class UnsupportedFormat(PersistenceError):
+    """A header version this build does not understand: distinct from corruption."""
+
+    def __init__(self, path: str, version: object, supported: int) -> None:
+        if isinstance(version, int) and version > supported:
+            what = f"was written by a newer Cairn (format version {version}, this build reads {supported}); upgrade Cairn"
+        elif isinstance(version, int):
+            what = f"uses an older format version {version} that this build (version {supported}) no longer reads"
+        else:
+            what = f"is not a Cairn session (format/version {version!r})"
+        super().__init__(f"{path}: session {what}")
+        self.path = path
+        self.version = version
+
+
+class CheckpointFailed(PersistenceError):
+    """A barrier could not make the log durable. The events stay queued; the next barrier retries them."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"checkpoint failed: {cause}")
+        self.cause = cause
+
+
+class StaleWriter(PersistenceError):
+    """Another writer appended to this session behind our back; we stop writing rather than interleave."""
+
+
+class StoreUnavailable(PersistenceError):
+    """The session store cannot be used at all (e.g. its directory is read-only)."""

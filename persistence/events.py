@@ -1,0 +1,218 @@
+"""Session events (SPEC §2) as msgspec tagged Structs, plus the one encoder and decoders used everywhere.
+
+Every field is always written (no omitted defaults) so a log line is self-describing and identical across backends.
+`seq` and `time` are assigned by the live session at append time; constructors leave them at -1/0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import msgspec
+
+FORMAT = "cairn-session"
+FORMAT_VERSION = 1
+
+Safety = Literal["read_only", "idempotent", "side_effecting"]
+Decision = Literal["allowed_once", "allowed_session", "denied", "cancelled"]
+TurnEndReason = Literal["completed", "cancelled", "error", "interrupted"]
+Verdict = Literal["happened", "did_not_happen", "unknown"]
+
+# tool/result error codes (SPEC §2)
+TOOL_NOT_STARTED = "TOOL_NOT_STARTED"
+TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
+ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
+CHECKPOINT_FAILED = "CHECKPOINT_FAILED"
+TOOL_ERROR = "TOOL_ERROR"
+DENIED = "DENIED"
+UNKNOWN_TOOL = "UNKNOWN_TOOL"
+BAD_ARGUMENTS = "BAD_ARGUMENTS"
+
+
+class SessionHeader(msgspec.Struct, kw_only=True):
+    """First line of a JSONL session; a row of the `sessions` table in SQLite."""
+
+    format: str = FORMAT
+    version: int = FORMAT_VERSION
+    id: str
+    created: int
+    cwd: str
+
+
+class Event(msgspec.Struct, tag_field="type", kw_only=True, gc=False):
+    seq: int = -1
+    time: int = 0
+
+
+class TurnStart(Event, tag="turn/start", kw_only=True):
+    turn: int
+
+
+class StepStart(Event, tag="step/start", kw_only=True):
+    turn: int
+    step: int
+
+
+class UserMessage(Event, tag="user/message", kw_only=True):
+    turn: int
+    step: int
+    text: str
+
+
+class RequestHeader(Event, tag="request/header", kw_only=True):
+    turn: int
+    step: int
+    provider: str
+    model: str
+    params: dict[str, Any]
+    tools: list[str]
+    message_count: int
+
+
+class AssistantChunk(Event, tag="assistant/chunk", kw_only=True):
+    turn: int
+    step: int
+    delta: str
+
+
+class ToolCallRequest(msgspec.Struct, gc=False):
+    """One tool call as the model asked for it, inside `assistant/message`."""
+
+    call_id: str
+    name: str
+    arguments: Any  # parsed JSON object, or the raw string when the model sent invalid JSON
+
+
+class AssistantMessage(Event, tag="assistant/message", kw_only=True):
+    turn: int
+    step: int
+    text: str
+    tool_calls: list[ToolCallRequest]
+    interrupted: bool
+
+
+class ApprovalAsked(Event, tag="approval/asked", kw_only=True):
+    turn: int
+    step: int
+    call_id: str
+
+
+class ApprovalDecided(Event, tag="approval/decided", kw_only=True):
+    turn: int
+    step: int
+    call_id: str
+    decision: Decision
+
+
+class ToolCall(Event, tag="tool/call", kw_only=True):
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: Any
+    safety: Safety
+    parent_call_id: str | None
+
+
+class ToolResult(Event, tag="tool/result", kw_only=True):
+    turn: int
+    step: int
+    call_id: str
+    is_error: bool
+    content: str
+    error_code: str | None
+    source_seq: int | None
+
+
+class RecoveryVerdict(Event, tag="recovery/verdict", kw_only=True):
+    call_id: str
+    verdict: Verdict
+    note: str
+
+
+class StepEnd(Event, tag="step/end", kw_only=True):
+    turn: int
+    step: int
+
+
+class TurnError(msgspec.Struct, gc=False):
+    code: str
+    message: str
+
+
+class TurnEnd(Event, tag="turn/end", kw_only=True):
+    turn: int
+    reason: TurnEndReason
+    error: TurnError | None
+
+
+class IgnorableEvent(msgspec.Struct, gc=False):
+    """An event of a type this build does not know, marked `"ignorable": true` by its writer.
+
+    Kept so seq stays contiguous and the log round-trips; never produced by this build.
+    """
+
+    seq: int
+    time: int
+    type: str
+    fields: dict[str, Any]
+
+
+KnownEvent = (
+    TurnStart | StepStart | UserMessage | RequestHeader | AssistantChunk | AssistantMessage | ApprovalAsked
+    | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd
+)
+AnyEvent = KnownEvent | IgnorableEvent
+
+encoder = msgspec.json.Encoder()
+event_decoder = msgspec.json.Decoder(KnownEvent)
+header_decoder = msgspec.json.Decoder(SessionHeader)
+raw_decoder = msgspec.json.Decoder()
+
+
+def encode_event(event: AnyEvent) -> bytes:
+    """One event as its JSON line body (no newline)."""
+    if isinstance(event, IgnorableEvent):
+        return encoder.encode({"seq": event.seq, "time": event.time, "type": event.type, **event.fields})
+    return encoder.encode(event)
+
+
+def event_type(event: AnyEvent) -> str:
+    if isinstance(event, IgnorableEvent):
+        return event.type
+    return type(event).__struct_config__.tag  # type: ignore[return-value]
+
+
+def to_builtins(event: AnyEvent) -> dict[str, Any]:
+    """The event as a plain dict in its on-disk shape (for `--json` output and tests)."""
+    return raw_decoder.decode(encode_event(event))
+
+
+class NonFiniteNumber(ValueError):
+    """Raised at append for NaN/Infinity, which JSON cannot carry (msgspec would silently write null)."""
+
+
+def check_finite(value: Any, where: str) -> None:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise NonFiniteNumber(f"{where}: non-finite number {value!r} cannot be stored")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_finite(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_finite(v, f"{where}[{i}]")
+
+
+def check_event_finite(event: AnyEvent) -> None:
+    """Only the free-form fields can hold floats; the rest are typed."""
+    if isinstance(event, RequestHeader):
+        check_finite(event.params, "request/header.params")
+    elif isinstance(event, ToolCall):
+        check_finite(event.arguments, "tool/call.arguments")
+    elif isinstance(event, AssistantMessage):
+        for call in event.tool_calls:
+            check_finite(call.arguments, "assistant/message.tool_calls.arguments")
+    elif isinstance(event, IgnorableEvent):
+        check_finite(event.fields, event.type)

@@ -1,0 +1,60 @@
+"""A live session: the in-memory log (the source everything is derived from) plus its coordinator and lock.
+
+Used as an async context manager: entering starts write-behind; leaving does a final flush, closes the writer and
+releases the lock, in that order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .coordinator import DEFAULT_WINDOW, Coordinator
+from .events import AnyEvent, SessionHeader
+from .store import OpenedSession
+
+Listener = Callable[[AnyEvent], None]
+
+
+class LiveSession:
+    def __init__(self, opened: OpenedSession, window: float = DEFAULT_WINDOW) -> None:
+        self.header: SessionHeader = opened.header
+        self.events: list[AnyEvent] = opened.events
+        self.repaired = opened.repaired
+        self._lock = opened.lock
+        last_time = self.events[-1].time if self.events else 0
+        self.coordinator = Coordinator(opened.writer, next_seq=len(self.events), last_time=last_time, window=window)
+        self._listeners: list[Listener] = []
+
+    @property
+    def id(self) -> str:
+        return self.header.id
+
+    def append(self, event: AnyEvent) -> AnyEvent:
+        """Stamp, queue for writing, record in memory, tell listeners. Synchronous and cheap."""
+        self.coordinator.append(event)
+        self.events.append(event)
+        for listener in self._listeners:
+            listener(event)
+        return event
+
+    async def flush(self) -> None:
+        """A barrier: everything appended so far is durable when this returns (raises CheckpointFailed otherwise)."""
+        await self.coordinator.flush()
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    @property
+    def live(self) -> bool:
+        return not self.coordinator.closed
+
+    async def __aenter__(self) -> "LiveSession":
+        await self.coordinator.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self.coordinator.aclose()
+        finally:
+            self._lock.release()
