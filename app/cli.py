@@ -1,0 +1,197 @@
+"""The `cairn` command line (SPEC §6).
+
+Headless commands (`run`, `sessions`, `show`) import neither Textual nor the ACP package, so they start fast; those are
+imported only by the TUI and `cairn acp`. Every failure a user can cause is one line on stderr and an exit code:
+0 done, 1 turn ended in error, 2 usage/configuration (including an unknown session id), 3 session locked, 4 log corrupt
+or format unsupported, 130 cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, EXIT_LOCKED, EXIT_CORRUPT, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
+
+DESCRIPTION = """\
+Cairn: a terminal agent whose sessions survive a hard crash at any instant.
+
+Run with no command for the full-screen TUI on a new session in the current directory."""
+
+EPILOG = """\
+environment:
+  CAIRN_HOME      where sessions live (default: the user data dir for cairn)
+  CAIRN_BACKEND   jsonl (default) or sqlite
+  CAIRN_PROVIDER  demo, script or openai (default: openai when a key is set, else demo)
+  CAIRN_MODEL, CAIRN_SCRIPT, CAIRN_BASE_URL, CAIRN_API_KEY (or OPENAI_API_KEY), CAIRN_TIMEOUT
+
+exit codes: 0 ok, 1 turn ended in error, 2 usage or configuration, 3 session locked, 4 log corrupt or unsupported,
+130 cancelled"""
+
+
+def common_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("common options")
+    g.add_argument("--home", metavar="DIR", help="session storage directory (= CAIRN_HOME)")
+    g.add_argument("--backend", choices=["jsonl", "sqlite"], help="storage backend (= CAIRN_BACKEND; default jsonl)")
+    g.add_argument("--provider", choices=["demo", "script", "openai"], help="model provider (= CAIRN_PROVIDER)")
+    g.add_argument("--model", metavar="NAME", help="model name (= CAIRN_MODEL)")
+    g.add_argument("--script", metavar="FILE", help="JSON script for the script provider (= CAIRN_SCRIPT)")
+    g.add_argument("--workspace", metavar="DIR", help="directory the tools work in (default: current directory)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = common_options()
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="cairn", description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt, parents=[common]
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser("resume", parents=[common], help="open a session in the TUI (repairing it first)")
+    r.add_argument("session_id", nargs="?", metavar="SESSION_ID", help="default: the most recent one in this directory")
+
+    run = sub.add_parser(
+        "run", parents=[common], formatter_class=fmt, help="run one headless turn and stream the answer",
+        description="Run one turn without the TUI. The answer streams to stdout; tool activity goes to stderr.",
+    )
+    group = run.add_mutually_exclusive_group()
+    group.add_argument("--session-id", metavar="ID", help="create a new session with this id (error if it exists)")
+    group.add_argument("--resume", metavar="ID", help="continue an existing session (repairing it first)")
+    run.add_argument("--yes", action="store_true", help="approve every tool call (otherwise side effects are denied)")
+    run.add_argument("--json", action="store_true", help="print every event as one JSON line instead of text")
+    run.add_argument("prompt", nargs="+", metavar="PROMPT", help="the prompt (several words are joined; - reads stdin)")
+
+    s = sub.add_parser("sessions", parents=[common], help="list sessions")
+    s.add_argument("--json", action="store_true", help="one JSON object per session per line")
+
+    show = sub.add_parser("show", parents=[common], help="print a session as repair would leave it, without writing")
+    show.add_argument("session_id", metavar="SESSION_ID")
+    show.add_argument("--json", action="store_true", help="one event per line, as stored")
+
+    sub.add_parser("acp", parents=[common], help="run as an Agent Client Protocol agent over stdio")
+    return parser
+
+
+def fail(message: str, code: int) -> int:
+    print(f"cairn: {message}", file=sys.stderr)
+    return code
+
+
+def exit_code_for(error: BaseException) -> int | None:
+    """Map a user-facing error to its exit code; None for a bug (which should surface)."""
+    from persistence import errors as pe
+
+    from .config import ConfigError
+
+    if isinstance(error, pe.SessionLocked):
+        return EXIT_LOCKED
+    if isinstance(error, (pe.CorruptLog, pe.UnsupportedFormat)):
+        return EXIT_CORRUPT
+    if isinstance(error, (ConfigError, pe.InvalidSessionId, pe.SessionNotFound, pe.SessionExists, pe.StoreUnavailable)):
+        return EXIT_USAGE
+    if isinstance(error, pe.PersistenceError):
+        return EXIT_TURN_ERROR
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return dispatch(args)
+    except KeyboardInterrupt:
+        return EXIT_CANCELLED
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as e:
+        code = exit_code_for(e)
+        if code is None:
+            raise
+        return fail(str(e), code)
+
+
+def open_store(config: Any):  # -> SessionStore; without importing the agent (fast start-up)
+    from persistence.store import SessionStore
+
+    return SessionStore(config.home, config.backend)
+
+
+def config_from(args: argparse.Namespace):  # -> Config
+    from .config import resolve_config
+
+    return resolve_config(
+        home=args.home, backend=args.backend, provider=args.provider, model=args.model, script=args.script,
+        workspace=args.workspace,
+    )
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    command = args.command
+    if command == "run":
+        from .headless import run_command
+
+        return run_command(args, config_from(args))
+    if command == "sessions":
+        return sessions_command(args, config_from(args))
+    if command == "show":
+        return show_command(args, config_from(args))
+    if command == "acp":
+        return fail("the ACP agent is not available in this build yet", EXIT_USAGE)
+    # the TUI (no command, or resume)
+    config_from(args)
+    return fail(
+        "the full-screen TUI arrives in a later release; for now use `cairn run PROMPT` "
+        "(e.g. `cairn run list files`), `cairn sessions` and `cairn show ID`",
+        EXIT_OK,
+    )
+
+
+def sessions_command(args: argparse.Namespace, config: Any) -> int:
+    import msgspec
+
+    from .render import first_line, format_time
+
+    summaries = open_store(config).list_sessions()
+    if args.json:
+        for s in summaries:
+            sys.stdout.write(msgspec.json.encode(s).decode() + "\n")
+        return EXIT_OK
+    if not summaries:
+        print(f"no sessions yet under {config.home}", file=sys.stderr)
+        return EXIT_OK
+    rows = [("ID", "STATUS", "EVENTS", "UPDATED", "CWD", "FIRST PROMPT")]
+    for s in summaries:
+        rows.append((s.id, s.status, str(s.events), format_time(s.updated), s.cwd, first_line(s.first_prompt, 50)))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5])
+    return EXIT_OK
+
+
+def show_command(args: argparse.Namespace, config: Any) -> int:
+    from persistence.events import encode_event
+
+    from .render import render_session
+
+    inspection = open_store(config).inspect(args.session_id)
+    if inspection.live_pid is not None:
+        who = f"process {inspection.live_pid}" if inspection.live_pid else "another process"
+        print(f"cairn: session {args.session_id} is live in {who}; showing it as it stands on disk", file=sys.stderr)
+    if inspection.torn_bytes:
+        print(f"cairn: {inspection.torn_bytes} bytes of a torn last line are not shown", file=sys.stderr)
+    events = inspection.events + inspection.repair
+    if args.json:
+        out = sys.stdout.buffer
+        for e in events:
+            out.write(encode_event(e) + b"\n")
+        out.flush()
+        return EXIT_OK
+    print(render_session(events, repair_from=len(inspection.events) if inspection.repair else None))
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""One composition for every face (CLI, TUI, ACP, Python API): persistence → policy → loop, torn down in reverse.
+
+Leaving the context cancels the running turn and waits until the loop is idle (so the real `step/end`/`turn/end` are
+written), removes the policy's hooks, then flushes and closes the session and releases its lock. AsyncExitStack gives
+that order by construction.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from persistence.coordinator import DEFAULT_WINDOW
+from persistence.session import LiveSession
+from persistence.store import OpenedSession, SessionStore
+
+from .approval import Approver
+from .config import Config, make_provider
+from .hooks import Hooks
+from .loop import AgentLoop, TurnResult
+from .policy import CheckpointPolicy
+from .tools.registry import ToolRegistry, builtin_tools
+
+
+@dataclass
+class Agent:
+    session: LiveSession
+    loop: AgentLoop
+    policy: CheckpointPolicy | None
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    async def run(self, prompt: str) -> TurnResult:
+        return await self.loop.run_turn(prompt)
+
+
+def open_store(config: Config) -> SessionStore:
+    return SessionStore(config.home, config.backend)
+
+
+def open_session_files(config: Config, session_id: str | None = None, resume: str | None = None) -> OpenedSession:
+    """Create or (repairing first) reopen a session for writing. Raises persistence errors for the caller to report."""
+    store = open_store(config)
+    if resume:
+        return store.open_for_resume(resume)
+    return store.create(cwd=str(config.workspace), session_id=session_id)
+
+
+@asynccontextmanager
+async def open_agent(
+    config: Config,
+    *,
+    session_id: str | None = None,
+    resume: str | None = None,
+    opened: OpenedSession | None = None,
+    approver: Approver | None = None,
+    report: Callable[[str], None] | None = None,
+    with_policy: bool = True,
+    tools: ToolRegistry | None = None,
+    window: float = DEFAULT_WINDOW,
+) -> AsyncIterator[Agent]:
+    provider = make_provider(config)  # a bad provider config fails before any session is created
+    if opened is None:
+        opened = open_session_files(config, session_id, resume)
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(provider.aclose)
+        session = LiveSession(opened, window=window)
+        await stack.enter_async_context(session)
+        hooks = Hooks()
+        policy = None
+        if with_policy:
+            policy = CheckpointPolicy(session, report).install(hooks)
+            stack.callback(policy.dispose)
+        loop = AgentLoop(session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks)
+        await stack.enter_async_context(loop)
+        yield Agent(session, loop, policy)

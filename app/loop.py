@@ -1,0 +1,498 @@
+"""The agent loop: turns of steps, each step one model request and the tool calls it asks for (SPEC §2).
+
+Everything the loop does is recorded as events on the live session, in SPEC §2's order. It never chooses a barrier:
+the hooks around it do (see policy.py). One turn runs at a time; prompts submitted meanwhile wait in a queue.
+
+Cancellation can arrive at any await. The turn body runs inside its own cancel scope; whatever it left open is closed
+afterwards by synchronous appends (no await can be interrupted there): a cut stream becomes an `interrupted`
+`assistant/message`, every call without a result gets one (ABORTED_BEFORE_DISPATCH if its body never started,
+TOOL_OUTCOME_UNKNOWN if it was running), then `step/end` and `turn/end` with reason `cancelled`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from persistence.errors import CheckpointFailed
+from persistence.events import (
+    ABORTED_BEFORE_DISPATCH,
+    BAD_ARGUMENTS,
+    DENIED,
+    TOOL_ERROR,
+    TOOL_OUTCOME_UNKNOWN,
+    UNKNOWN_TOOL,
+    ApprovalAsked,
+    ApprovalDecided,
+    AssistantChunk,
+    AssistantMessage,
+    NonFiniteNumber,
+    RecoveryVerdict,
+    RequestHeader,
+    StepEnd,
+    StepStart,
+    ToolCall,
+    ToolCallRequest,
+    ToolResult,
+    TurnEnd,
+    TurnError,
+    TurnStart,
+    UserMessage,
+)
+from persistence.session import LiveSession
+
+from .approval import ApprovalRequest, Approver, headless_approver, needs_approval
+from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext, nothing
+from .providers.base import ModelRequest, Provider, ProviderError, RawToolCall, StreamEnd, TextDelta
+from .tools.base import ToolContext, ToolFailure, truncate_output
+from .tools.registry import ToolRegistry
+from .transcript import Transcript
+
+log = logging.getLogger("cairn.loop")
+
+SYSTEM_PROMPT = (
+    "You are Cairn, a careful coding agent working in the workspace {workspace}. Use the tools to inspect and change "
+    "files and run commands there. Before repeating a side effect whose outcome is unknown, verify the current state."
+)
+
+
+@dataclass
+class TurnResult:
+    turn: int
+    reason: str  # completed | cancelled | error
+    error: TurnError | None
+    text: str  # the last assistant text of the turn
+
+
+class TurnFailure(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _CallState:
+    request: ToolCallRequest
+    asked: bool = False  # approval/asked appended, approval/decided not yet
+    call_seq: int | None = None  # seq of its tool/call
+    run: ToolRunContext | None = None
+    result: ToolResult | None = None
+
+
+@dataclass
+class _TurnState:
+    turn: int
+    step: int | None = None  # the open step
+    streaming: bool = False  # chunks appended, assistant/message not yet
+    text: list[str] = field(default_factory=list)
+    calls: list[_CallState] = field(default_factory=list)
+    last_text: str = ""
+    error: TurnError | None = None
+
+
+def parse_arguments(raw: str) -> Any:
+    """The parsed JSON object, or the raw string when the model sent something that is not valid JSON."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    if _has_non_finite(value):
+        return raw  # NaN/Infinity are not JSON; keep exactly what the model sent
+    return value
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        session: LiveSession,
+        provider: Provider,
+        tools: ToolRegistry,
+        workspace: Path,
+        approver: Approver | None = None,
+        hooks: Hooks | None = None,
+        params: dict[str, Any] | None = None,
+        max_steps: int = 50,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.session = session
+        self.provider = provider
+        self.tools = tools
+        self.workspace = Path(workspace).resolve()
+        self.approver = approver or headless_approver(False)
+        self.hooks = hooks or Hooks()
+        self.params = dict(params or {})
+        self.max_steps = max_steps
+        self.system_prompt = (system_prompt or SYSTEM_PROMPT).format(workspace=self.workspace)
+        self.allowed_for_session: set[str] = set()
+        self.transcript = Transcript()
+        self.transcript.extend(session.events)
+        self._unsubscribe = session.subscribe(self.transcript.add)
+        self._next_turn = 1 + max((e.turn for e in session.events if isinstance(e, TurnStart)), default=0)
+        self._scope: anyio.CancelScope | None = None
+        self._turn_lock = anyio.Lock()
+        self._queue: list[str] = []
+        self._queue_wake = anyio.Event()
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._open_nested: dict[str, tuple[ToolRunContext, int]] = {}  # nested calls without a result yet
+        self.on_turn_result: list[Any] = []  # callbacks(TurnResult) for queued turns
+
+    # -- public surface ---------------------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    @property
+    def queued(self) -> list[str]:
+        return list(self._queue)
+
+    async def run_turn(self, prompt: str) -> TurnResult:
+        """Run one turn to its end (after any turn already running). Cancel it with `cancel()`."""
+        self._mark_busy()
+        try:
+            async with self._turn_lock:
+                return await self._turn(prompt)
+        finally:
+            self._mark_idle_if_done()
+
+    def submit(self, prompt: str) -> None:
+        """Queue a prompt; the loop's own task runs queued prompts one turn at a time (needs `async with loop`)."""
+        self._queue.append(prompt)
+        self._mark_busy()
+        self._queue_wake.set()
+
+    def cancel(self) -> None:
+        """Cancel the running turn (if any). Queued prompts stay queued."""
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def wait_idle(self) -> None:
+        """Return when no turn runs and none is queued."""
+        await self._idle.wait()
+
+    def record_verdict(self, call_id: str, verdict: str, note: str = "") -> None:
+        """An operator's answer about an OUTCOME_UNKNOWN call; only between turns (before the next turn/start)."""
+        if self._scope is not None:
+            raise RuntimeError("verdicts are recorded between turns, not while one runs")
+        self.session.append(RecoveryVerdict(call_id=call_id, verdict=verdict, note=note))  # type: ignore[arg-type]
+
+    def _mark_busy(self) -> None:
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+
+    def _mark_idle_if_done(self) -> None:
+        if not self._queue and not self._turn_lock.locked():
+            self._idle.set()
+
+    async def __aenter__(self) -> "AgentLoop":
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
+        self._tasks.start_soon(self._serve_queue)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Ordered stop: drop queued prompts, cancel the running turn, wait until its closing events are written."""
+        self._queue.clear()
+        self.cancel()
+        with anyio.CancelScope(shield=True):
+            async with self._turn_lock:
+                pass
+        if self._tasks is not None:
+            self._tasks.cancel_scope.cancel()
+            await self._tasks.__aexit__(None, None, None)
+            self._tasks = None
+        self._unsubscribe()
+        self._idle.set()
+
+    async def _serve_queue(self) -> None:
+        while True:
+            await self._queue_wake.wait()
+            self._queue_wake = anyio.Event()
+            while self._queue:
+                async with self._turn_lock:
+                    prompt = self._queue.pop(0)
+                    result = await self._turn(prompt)
+                for callback in self.on_turn_result:
+                    callback(result)
+            self._mark_idle_if_done()
+
+    # -- one turn ---------------------------------------------------------------------------------------------------
+
+    async def _turn(self, prompt: str) -> TurnResult:
+        st = _TurnState(turn=self._next_turn)
+        self._next_turn += 1
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            try:
+                await self._turn_body(st, prompt)
+            except CheckpointFailed as e:
+                st.error = TurnError("CHECKPOINT_FAILED", str(e))
+            except ProviderError as e:
+                st.error = TurnError(e.code, str(e))
+            except TurnFailure as e:
+                st.error = TurnError(e.code, str(e))
+            except NonFiniteNumber as e:
+                st.error = TurnError("BAD_MODEL_OUTPUT", str(e))
+            except Exception as e:  # a bug: end the turn honestly rather than leave it open
+                log.exception("turn %d failed", st.turn)
+                st.error = TurnError("INTERNAL_ERROR", f"{type(e).__name__}: {e}")
+        self._scope = None
+        reason = "cancelled" if scope.cancelled_caught else ("error" if st.error else "completed")
+        self._close_turn(st, reason)
+        with anyio.CancelScope(shield=True):
+            await self.hooks.run("after_turn", TurnContext(self.session, st.turn, reason), nothing)
+        return TurnResult(st.turn, reason, st.error if reason == "error" else None, st.last_text)
+
+    async def _turn_body(self, st: _TurnState, prompt: str) -> None:
+        append = self.session.append
+        append(TurnStart(turn=st.turn))
+        step = 0
+        while True:
+            step += 1
+            if step > self.max_steps:
+                raise TurnFailure("MAX_STEPS", f"stopped after {self.max_steps} steps without a final answer")
+            st.step, st.calls, st.text = step, [], []
+            append(StepStart(turn=st.turn, step=step))
+            if step == 1:
+                append(UserMessage(turn=st.turn, step=step, text=prompt))
+            await self.hooks.run("before_step", StepContext(self.session, st.turn, step), nothing)
+            request = ModelRequest(
+                messages=[{"role": "system", "content": self.system_prompt}, *self.transcript.messages],
+                tools=self.tools.schemas(),
+                model=self.provider.model,
+                params=dict(self.params),
+                turn=st.turn,
+                step=step,
+            )
+            append(
+                RequestHeader(
+                    turn=st.turn, step=step, provider=self.provider.name, model=self.provider.model,
+                    params=request.params, tools=[t.name for t in request.tools], message_count=len(request.messages),
+                )
+            )
+
+            async def open_stream(request: ModelRequest = request) -> AsyncIterator[Any]:
+                return self.provider.stream(request)
+
+            stream = await self.hooks.run("around_stream", StreamContext(self.session, st.turn, step, request), open_stream)
+            raw_calls = await self._consume(st, stream)
+            if not raw_calls:
+                append(StepEnd(turn=st.turn, step=step))
+                st.step = None
+                return
+            await self._run_calls(st)
+            append(StepEnd(turn=st.turn, step=step))
+            st.step = None
+
+    async def _consume(self, st: _TurnState, stream: AsyncIterator[Any]) -> list[RawToolCall]:
+        end: StreamEnd | None = None
+        async with aclosing(stream):  # type: ignore[type-var]
+            st.streaming = True
+            async for item in stream:
+                if isinstance(item, TextDelta):
+                    if item.text:
+                        st.text.append(item.text)
+                        self.session.append(AssistantChunk(turn=st.turn, step=st.step or 0, delta=item.text))
+                elif isinstance(item, StreamEnd):
+                    end = item
+        if end is None:
+            raise ProviderError(f"{self.provider.name}: the stream ended without a final message", "MALFORMED_STREAM")
+        requests = [ToolCallRequest(c.call_id, c.name, parse_arguments(c.arguments)) for c in end.tool_calls]
+        st.last_text = "".join(st.text)
+        self.session.append(
+            AssistantMessage(turn=st.turn, step=st.step or 0, text=st.last_text, tool_calls=requests, interrupted=False)
+        )
+        st.streaming = False
+        st.calls = [_CallState(r) for r in requests]
+        return end.tool_calls
+
+    # -- tools ------------------------------------------------------------------------------------------------------
+
+    def _parallel(self, call: _CallState) -> bool:
+        tool = self.tools.get(call.request.name)
+        return tool is not None and tool.safety == "read_only" and isinstance(call.request.arguments, dict)
+
+    async def _run_calls(self, st: _TurnState) -> None:
+        """Consecutive read-only calls run together (their barriers join one fsync); every other call runs alone.
+        Results are appended in the model's order either way."""
+        i = 0
+        while i < len(st.calls):
+            j = i + 1
+            if self._parallel(st.calls[i]):
+                while j < len(st.calls) and self._parallel(st.calls[j]):
+                    j += 1
+            batch = st.calls[i:j]
+            if len(batch) == 1:
+                await self._run_call(st, batch[0])
+            else:
+                runs = [self._record_call(st, c) for c in batch]
+                outcomes: list[ToolOutcome | None] = [None] * len(batch)
+
+                async def run(k: int) -> None:
+                    outcomes[k] = await self._execute(runs[k])
+
+                async with anyio.create_task_group() as tg:
+                    for k in range(len(batch)):
+                        tg.start_soon(run, k)
+                for call, outcome in zip(batch, outcomes):
+                    assert outcome is not None
+                    self._append_result(st, call, outcome)
+            i = j
+
+    async def _run_call(self, st: _TurnState, call: _CallState) -> None:
+        request = call.request
+        tool = self.tools.get(request.name)
+        if tool is None:
+            known = ", ".join(self.tools.names())
+            self._append_result(st, call, ToolOutcome(f"Unknown tool `{request.name}`. Available: {known}.", UNKNOWN_TOOL))
+            return
+        if not isinstance(request.arguments, dict):
+            self._record_call(st, call)
+            what = "not valid JSON" if isinstance(request.arguments, str) else "not a JSON object"
+            self._append_result(st, call, ToolOutcome(f"The arguments are {what}; send a JSON object.", BAD_ARGUMENTS))
+            return
+        if needs_approval(tool.safety) and tool.name not in self.allowed_for_session:
+            decision = await self._ask(st, call, tool.safety)
+            if decision == "allowed_session":
+                self.allowed_for_session.add(tool.name)
+            elif decision != "allowed_once":
+                self._append_result(st, call, ToolOutcome("The operator denied this call; it did not run.", DENIED))
+                return
+        run = self._record_call(st, call)
+        self._append_result(st, call, await self._execute(run))
+
+    async def _ask(self, st: _TurnState, call: _CallState, safety: str) -> str:
+        r = call.request
+        self.session.append(ApprovalAsked(turn=st.turn, step=st.step or 0, call_id=r.call_id))
+        call.asked = True
+        decision = await self.approver(ApprovalRequest(r.call_id, r.name, r.arguments, safety, st.turn, st.step or 0))
+        call.asked = False
+        self.session.append(ApprovalDecided(turn=st.turn, step=st.step or 0, call_id=r.call_id, decision=decision))
+        if decision == "cancelled":  # the operator cancelled the turn from the approval prompt
+            self.cancel()
+            await anyio.lowlevel.checkpoint()
+        return decision
+
+    def _record_call(self, st: _TurnState, call: _CallState) -> ToolRunContext:
+        r = call.request
+        tool = self.tools.get(r.name)
+        safety = tool.safety if tool else "side_effecting"
+        event = self.session.append(
+            ToolCall(turn=st.turn, step=st.step or 0, call_id=r.call_id, name=r.name, arguments=r.arguments,
+                     safety=safety, parent_call_id=None)
+        )
+        call.call_seq = event.seq
+        args = r.arguments if isinstance(r.arguments, dict) else {}
+        call.run = ToolRunContext(self.session, st.turn, st.step or 0, r.call_id, r.name, args, safety, None)
+        return call.run
+
+    async def _execute(self, run: ToolRunContext) -> ToolOutcome:
+        """Run the body through the around_tool chain; turn a tool's failure into an error outcome."""
+        tool = self.tools.get(run.name)
+        assert tool is not None
+        nested = 0
+
+        async def dispatch(name: str, arguments: dict[str, Any]) -> str:
+            nonlocal nested
+            nested += 1
+            return await self._dispatch_nested(run, f"{run.call_id}.{nested}", name, arguments)
+
+        async def body() -> ToolOutcome:
+            run.body_started = True
+            ctx = ToolContext(self.workspace, run.call_id, run.turn, run.step, run.parent_call_id, dispatch)
+            try:
+                return ToolOutcome(truncate_output(await tool.body(run.arguments, ctx)))
+            except ToolFailure as e:
+                return ToolOutcome(truncate_output(str(e)), e.code)
+            except Exception as e:
+                log.exception("tool %s failed", run.name)
+                return ToolOutcome(f"{run.name} failed: {type(e).__name__}: {e}", TOOL_ERROR)
+
+        return await self.hooks.run("around_tool", run, body)
+
+    async def _dispatch_nested(self, parent: ToolRunContext, call_id: str, name: str, arguments: dict[str, Any]) -> str:
+        """A tool calling another tool: recorded with parent_call_id, no barrier of its own (the parent's covers it)."""
+        tool = self.tools.get(name)
+        if tool is None:
+            raise ToolFailure(f"unknown tool `{name}`")
+        call = self.session.append(
+            ToolCall(turn=parent.turn, step=parent.step, call_id=call_id, name=name, arguments=arguments,
+                     safety=tool.safety, parent_call_id=parent.call_id)
+        )
+        run = ToolRunContext(self.session, parent.turn, parent.step, call_id, name, arguments, tool.safety, parent.call_id)
+        self._open_nested[call_id] = (run, call.seq)
+        outcome = await self._execute(run)
+        del self._open_nested[call_id]
+        self._append_nested_result(run, call.seq, outcome)
+        if outcome.is_error:
+            raise ToolFailure(outcome.content)
+        return outcome.content
+
+    def _append_nested_result(self, run: ToolRunContext, call_seq: int, outcome: ToolOutcome) -> None:
+        self.session.append(
+            ToolResult(turn=run.turn, step=run.step, call_id=run.call_id, is_error=outcome.is_error,
+                       content=outcome.content, error_code=outcome.error_code, source_seq=call_seq)
+        )
+
+    def _append_result(self, st: _TurnState, call: _CallState, outcome: ToolOutcome) -> None:
+        call.result = self.session.append(  # type: ignore[assignment]
+            ToolResult(turn=st.turn, step=st.step or 0, call_id=call.request.call_id, is_error=outcome.is_error,
+                       content=outcome.content, error_code=outcome.error_code, source_seq=call.call_seq)
+        )
+
+    # -- closing ----------------------------------------------------------------------------------------------------
+
+    def _close_turn(self, st: _TurnState, reason: str) -> None:
+        """Append whatever the interrupted body left open, then `turn/end`. Synchronous: nothing here can be cut."""
+        append = self.session.append
+        if st.step is not None:
+            if st.streaming:
+                st.last_text = "".join(st.text)
+                append(AssistantMessage(turn=st.turn, step=st.step, text=st.last_text, tool_calls=[], interrupted=True))
+            for call in st.calls:
+                if call.result is not None:
+                    continue
+                if call.asked:
+                    append(ApprovalDecided(turn=st.turn, step=st.step, call_id=call.request.call_id, decision="cancelled"))
+                for nested_id, (run, call_seq) in list(self._open_nested.items()):
+                    if run.parent_call_id == call.request.call_id:
+                        self._append_nested_result(run, call_seq, _cut_short(run, reason))
+                        del self._open_nested[nested_id]
+                self._append_result(st, call, _cut_short(call.run, reason))
+            append(StepEnd(turn=st.turn, step=st.step))
+            st.step = None
+        append(TurnEnd(turn=st.turn, reason=reason, error=st.error if reason == "error" else None))  # type: ignore[arg-type]
+
+
+def _cut_short(run: ToolRunContext | None, reason: str) -> ToolOutcome:
+    """The result of a call the turn's end overtook: unknown if its body had started, aborted otherwise."""
+    if run is not None and run.body_started:
+        return ToolOutcome(
+            f"Cancelled while `{run.name}` was running: it may have partly taken effect. Verify before repeating it.",
+            TOOL_OUTCOME_UNKNOWN,
+        )
+    why = "the turn was cancelled" if reason == "cancelled" else "the turn ended with an error"
+    return ToolOutcome(f"Not run: {why} before this call was dispatched.", ABORTED_BEFORE_DISPATCH)

@@ -1,0 +1,91 @@
+"""The `script` provider (SPEC §7): replays a JSON file, one entry per model request, in order.
+
+    {"responses": [{"text": "…", "tool_calls": [{"name": "run_command", "arguments": {"command": "…"}}]}, {"text": "…"}]}
+
+Per response, optional: "chunks" (pieces to stream the text in), "delay_ms" (pause between pieces). A tool call's
+"arguments" may be a string, sent to the loop as-is (so a script can exercise invalid JSON); "call_id" is optional.
+When the list is exhausted it answers with a short final text and no tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+
+from .base import ModelRequest, RawToolCall, StreamEnd, StreamItem, TextDelta
+
+EXHAUSTED_TEXT = "(The script has no more responses.)"
+
+
+class ScriptError(ValueError):
+    """The script file is missing or malformed; the message names the file and the problem."""
+
+
+def split_text(text: str, pieces: int) -> list[str]:
+    if pieces <= 1 or len(text) <= 1:
+        return [text] if text else []
+    size = -(-len(text) // pieces)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def load_script(path: str | Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ScriptError(f"script file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScriptError(f"cannot read script file {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ScriptError(f"script file {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    responses = data.get("responses") if isinstance(data, dict) else None
+    if not isinstance(responses, list):
+        raise ScriptError(f'script file {path} must be an object with a "responses" list')
+    for i, r in enumerate(responses):
+        where = f"script file {path}: responses[{i}]"
+        if not isinstance(r, dict):
+            raise ScriptError(f"{where} must be an object")
+        if not isinstance(r.get("text", ""), str):
+            raise ScriptError(f'{where}: "text" must be a string')
+        for key in ("chunks", "delay_ms"):
+            if key in r and (not isinstance(r[key], int) or isinstance(r[key], bool) or r[key] < 0):
+                raise ScriptError(f'{where}: "{key}" must be a non-negative integer')
+        calls = r.get("tool_calls", [])
+        if not isinstance(calls, list):
+            raise ScriptError(f'{where}: "tool_calls" must be a list')
+        for j, c in enumerate(calls):
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+                raise ScriptError(f'{where}.tool_calls[{j}] must be an object with a "name" string')
+    return responses
+
+
+class ScriptProvider:
+    name = "script"
+
+    def __init__(self, path: str | Path, model: str | None = None) -> None:
+        self.path = Path(path)
+        self.model = model or "script"
+        self.responses = load_script(path)
+        self.requests_served = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        index = self.requests_served
+        self.requests_served += 1
+        entry = self.responses[index] if index < len(self.responses) else {"text": EXHAUSTED_TEXT}
+        delay = entry.get("delay_ms", 0) / 1000
+        pieces = split_text(entry.get("text", ""), entry.get("chunks", 1))
+        for i, piece in enumerate(pieces):
+            if delay and i:
+                await anyio.sleep(delay)
+            yield TextDelta(piece)
+        calls = []
+        for i, c in enumerate(entry.get("tool_calls", [])):
+            args = c.get("arguments", {})
+            raw = args if isinstance(args, str) else json.dumps(args)
+            calls.append(RawToolCall(c.get("call_id") or f"call_{request.turn}_{request.step}_{i + 1}", c["name"], raw))
+        yield StreamEnd(calls, "tool_calls" if calls else "stop")
+
+    async def aclose(self) -> None:
+        pass

@@ -1,0 +1,51 @@
+"""Tools: what they are to the loop (name, schema, safety, an async body) and the errors a body may raise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Literal
+
+Safety = Literal["read_only", "idempotent", "side_effecting"]
+
+OUTPUT_LIMIT = 32 * 1024  # characters of tool output handed to the model and stored in the log
+
+
+class ToolFailure(Exception):
+    """A tool body failed in a way the model should hear about. `code` is a SPEC §2 error code."""
+
+    code = "TOOL_ERROR"
+
+
+class BadArguments(ToolFailure):
+    code = "BAD_ARGUMENTS"
+
+
+@dataclass
+class ToolContext:
+    workspace: Path  # resolved, absolute
+    call_id: str  # the model-visible id; the idempotency key (run_command exports it as CAIRN_CALL_ID)
+    turn: int
+    step: int
+    parent_call_id: str | None
+    # Run another tool through the registry as a nested call of this one (records tool/call with parent_call_id).
+    dispatch: Callable[[str, dict[str, Any]], Awaitable[str]]
+
+
+ToolBody = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON Schema for the arguments object
+    safety: Safety
+    body: ToolBody
+
+
+def truncate_output(text: str, limit: int = OUTPUT_LIMIT) -> str:
+    """Keep the head of long output and say visibly how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[output truncated: {len(text) - limit} more characters not shown]"
