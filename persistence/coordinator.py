@@ -12,11 +12,11 @@ its caller sees cancellation only after the log is in a known state.
 
 from __future__ import annotations
 
+import asyncio
 import time as _time
 from dataclasses import dataclass
 
 import anyio
-import anyio.abc
 
 from .backend import EncodedEvent, Writer
 from .errors import CheckpointFailed, PersistenceError
@@ -62,7 +62,8 @@ class Coordinator:
         self._io = anyio.Lock()
         self._wake = anyio.Event()
         self._inflight: _Flush | None = None
-        self._tasks: anyio.abc.TaskGroup | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = anyio.Event()
         self.closed = False
         self.stats = Stats()
         self.last_error: BaseException | None = None
@@ -91,16 +92,21 @@ class Coordinator:
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> "Coordinator":
-        self._tasks = anyio.create_task_group()
-        await self._tasks.__aenter__()
-        self._tasks.start_soon(self._write_behind)
+        self.start()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    def start(self) -> None:
+        """Start write-behind. A plain task rather than a task group: the coordinator may be closed from anywhere
+        (a UI handler, a test, shutdown) without the nesting rules of cancel scopes."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._write_behind(), name="cairn-write-behind")
+
     async def aclose(self) -> None:
-        """Final flush, then close the writer. Raises CheckpointFailed if the last events could not be made durable."""
+        """Final flush, stop write-behind, close the writer. Raises CheckpointFailed if the last events could not be
+        made durable (they are reported, not silently dropped)."""
         if self.closed:
             return
         try:
@@ -108,17 +114,24 @@ class Coordinator:
                 await self.flush()
         finally:
             self.closed = True
-            if self._tasks is not None:
-                self._tasks.cancel_scope.cancel()
-                await self._tasks.__aexit__(None, None, None)
-                self._tasks = None
+            self._closing.set()
+            self._wake.set()
+            if self._task is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._task
+                self._task = None
             self._writer.close()
 
     async def _write_behind(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
-            await anyio.sleep(self.window)
+            if self.closed:
+                return
+            with anyio.move_on_after(self.window):
+                await self._closing.wait()  # gather appends for one window; a close ends it early
+            if self.closed:
+                return
             try:
                 await self._write(durable=False)
             except Exception:

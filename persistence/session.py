@@ -21,6 +21,7 @@ class LiveSession:
         self.events: list[AnyEvent] = opened.events
         self.repaired = opened.repaired
         self._lock = opened.lock
+        self._writer = opened.writer
         last_time = self.events[-1].time if self.events else 0
         self.coordinator = Coordinator(opened.writer, next_seq=len(self.events), last_time=last_time, window=window)
         self._listeners: list[Listener] = []
@@ -50,7 +51,12 @@ class LiveSession:
         return not self.coordinator.closed
 
     async def __aenter__(self) -> "LiveSession":
-        await self.coordinator.__aenter__()
+        try:
+            await self.coordinator.__aenter__()
+        except BaseException:
+            self._writer.close()
+            self._lock.release()
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -114,6 +114,9 @@ class OpenAIProvider:
     def _error(self, message: str, code: str) -> ProviderError:
         return ProviderError(self._scrub(_one_line(message)), code=code)
 
+    def _malformed(self, detail: str) -> ProviderError:
+        return self._error(f"malformed stream from {self.base_url}: {detail}", "MALFORMED_STREAM")
+
     def _headers(self) -> dict[str, str]:
         headers = {
             "Content-Type": "application/json",
@@ -155,7 +158,9 @@ class OpenAIProvider:
     # ------------------------------------------------------------------ streaming
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        """Any number of TextDelta, then exactly one StreamEnd; ProviderError on failure. Nothing happens until iterated."""
+        """Any number of TextDelta, then exactly one StreamEnd; ProviderError on failure.
+
+        Nothing happens (no client, no connection) until the first iteration."""
         body = self.build_body(request)
         try:
             payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -231,20 +236,18 @@ class OpenAIProvider:
         try:
             data = json.loads(raw)
         except ValueError:
-            raise self._error(
-                f"malformed answer from {self.base_url}: not JSON: {_truncate(self._scrub(raw.decode('utf-8', 'replace')), 120)}",
-                "MALFORMED_STREAM",
-            ) from None
+            snippet = _truncate(self._scrub(raw.decode("utf-8", "replace")), 120)
+            raise self._malformed(f"the answer is not JSON: {snippet}") from None
         if not isinstance(data, dict):
-            raise self._error(f"malformed answer from {self.base_url}: not a JSON object", "MALFORMED_STREAM")
+            raise self._malformed("the answer is not a JSON object")
         self._check_error_payload(data)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise self._error(f"malformed answer from {self.base_url}: no choices", "MALFORMED_STREAM")
+            raise self._malformed("the answer has no choices")
         choice = choices[0]
         message = choice.get("message") or choice.get("delta") or {}
         if not isinstance(message, dict):
-            raise self._error(f"malformed answer from {self.base_url}: message is not an object", "MALFORMED_STREAM")
+            raise self._malformed("the answer's message is not an object")
         state.started = True
         content = message.get("content")
         if isinstance(content, str) and content:
@@ -279,6 +282,12 @@ class OpenAIProvider:
             elif value.startswith(" "):
                 value = value[1:]
             if field == "data":
+                if data_lines:
+                    pending = "\n".join(data_lines)
+                    if _is_json(pending):  # a server that omits the blank line between events
+                        data_lines = []
+                        for item in self._handle_event(pending, state):
+                            yield item
                 if value.strip() == "[DONE]" and not data_lines:
                     done = True
                     break
@@ -292,40 +301,34 @@ class OpenAIProvider:
                 for item in self._handle_event(data, state):
                     yield item
         if not done and state.finish_reason is None:
-            raise self._error(
-                f"malformed stream from {self.base_url}: it ended before [DONE] and without a finish_reason",
-                "MALFORMED_STREAM",
-            )
+            raise self._malformed("it ended before [DONE] and without a finish_reason")
         yield state.end()
 
     def _handle_event(self, data: str, state: "_StreamState") -> list[StreamItem]:
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise self._error(
-                f"malformed stream from {self.base_url}: a data line is not JSON: {_truncate(self._scrub(data), 120)}",
-                "MALFORMED_STREAM",
-            ) from None
+            raise self._malformed(f"a data line is not JSON: {_truncate(self._scrub(data), 120)}") from None
         if not isinstance(chunk, dict):
-            raise self._error(f"malformed stream from {self.base_url}: a chunk is not a JSON object", "MALFORMED_STREAM")
+            raise self._malformed("a chunk is not a JSON object")
         self._check_error_payload(chunk)
         if "choices" not in chunk:
             if "usage" in chunk:
                 return []  # a usage-only chunk
-            raise self._error(f"malformed stream from {self.base_url}: a chunk has no choices", "MALFORMED_STREAM")
+            raise self._malformed("a chunk has no choices")
         choices = chunk["choices"]
         if not isinstance(choices, list):
-            raise self._error(f"malformed stream from {self.base_url}: choices is not a list", "MALFORMED_STREAM")
+            raise self._malformed("choices is not a list")
         state.started = True
         out: list[StreamItem] = []
         for choice in choices:
             if not isinstance(choice, dict):
-                raise self._error(f"malformed stream from {self.base_url}: a choice is not an object", "MALFORMED_STREAM")
+                raise self._malformed("a choice is not an object")
             if choice.get("index", 0) != 0:
                 continue  # only the first choice is used
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
-                raise self._error(f"malformed stream from {self.base_url}: delta is not an object", "MALFORMED_STREAM")
+                raise self._malformed("delta is not an object")
             content = delta.get("content")
             if isinstance(content, str) and content:
                 out.append(TextDelta(content))
@@ -346,17 +349,17 @@ class OpenAIProvider:
         if tool_calls is None:
             return
         if not isinstance(tool_calls, list):
-            raise self._error(f"malformed stream from {self.base_url}: tool_calls is not a list", "MALFORMED_STREAM")
+            raise self._malformed("tool_calls is not a list")
         for tc in tool_calls:
             if not isinstance(tc, dict):
-                raise self._error(f"malformed stream from {self.base_url}: a tool call is not an object", "MALFORMED_STREAM")
+                raise self._malformed("a tool call is not an object")
             slot = state.slot_for(tc)
             call_id = tc.get("id")
             if isinstance(call_id, str) and call_id and not slot.call_id:
                 slot.call_id = call_id
             function = tc.get("function") or {}
             if not isinstance(function, dict):
-                raise self._error(f"malformed stream from {self.base_url}: a tool call has no function", "MALFORMED_STREAM")
+                raise self._malformed("a tool call has no function")
             name = function.get("name")
             if isinstance(name, str) and name and not slot.name:
                 slot.name = name
@@ -398,6 +401,14 @@ class _StreamState:
             call_id = slot.call_id or f"call_{uuid.uuid4().hex[:24]}"
             calls.append(RawToolCall(call_id=call_id, name=slot.name, arguments=arguments))
         return StreamEnd(tool_calls=calls, finish_reason=self.finish_reason)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 async def _aiter(items: list[str]) -> AsyncIterator[str]:

@@ -57,7 +57,7 @@ class _Capture:
 
 def _kill_group(pgid: int) -> None:
     try:
-        pass
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):  # already gone
         pass
 

@@ -53,5 +53,5 @@ class ToolRegistry:
     def __iter__(self) -> Iterator[Tool]:
         return iter(self._tools.values())
 
-    def __len__(self) -> int:
-        return len(self._tools)
+    # No __len__ on purpose: an empty registry must stay truthy, or `tools or ToolRegistry(builtin_tools())` would
+    # silently swap a deliberately empty registry for the built-ins.
