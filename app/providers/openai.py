@@ -16,9 +16,10 @@ Works with any OpenAI-compatible server (OpenAI, DeepSeek, Ollama, vLLM, llama.c
 - Every failure is a `ProviderError` with one readable line and a `code`: `HTTP_<status>`, `TIMEOUT`, `CONNECT`,
   `CONNECTION_LOST` (the server closed the connection mid-stream), `MALFORMED_STREAM`, `STREAM_ERROR` (an error
   object inside the stream), `NETWORK` (any other transport failure).
-- Timeouts: `timeout` is a number of seconds (read/write/pool; connect is capped at 10 s) or an `httpx.Timeout`. The
-  read timeout applies to each wait for bytes, so a server that hangs (before or during the stream) ends the stream
-  with a `TIMEOUT` error. The caller reads `CAIRN_TIMEOUT`; this module reads no environment.
+- Timeouts: `timeout` is a number of seconds (read/write/pool; connect is capped at 10 s; None or <= 0 means no limit
+  but the 10 s connect limit) or an `httpx.Timeout`. The read timeout applies to each wait for bytes, so a server that
+  hangs (before or during the stream) ends the stream with a `TIMEOUT` error. The caller reads `CAIRN_TIMEOUT`; this
+  module reads no environment.
 """
 
 from __future__ import annotations
@@ -51,11 +52,9 @@ def _truncate(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 def _make_timeout(timeout: float | httpx.Timeout | None) -> httpx.Timeout:
     if isinstance(timeout, httpx.Timeout):
         return timeout
-    if timeout is None:
+    seconds = None if timeout is None else float(timeout)
+    if seconds is None or seconds <= 0:  # None / 0 / negative: no limit on waiting for the answer
         return httpx.Timeout(None, connect=DEFAULT_CONNECT_TIMEOUT)
-    seconds = float(timeout)
-    if seconds <= 0:
-        raise ValueError("timeout must be a positive number of seconds")
     return httpx.Timeout(seconds, connect=min(seconds, DEFAULT_CONNECT_TIMEOUT))
 
 

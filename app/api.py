@@ -1,0 +1,50 @@
+"""The Python API: run Cairn turns from your own code, with the same composition, barriers and repair as the CLI.
+
+    import anyio
+    from app.api import open_session
+
+    async def main():
+        async with open_session(workspace=".", provider="demo") as session:
+            result = await session.run("list files")
+            print(session.id, result.reason, result.text)
+
+    anyio.run(main)
+
+`resume="ID"` reopens a session (repairing a crashed turn first; `session.session.repaired` lists what repair added);
+`approve=True` allows every tool call, or pass an async callable `(ApprovalRequest) -> decision`.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+from .approval import ApprovalRequest, Approver, headless_approver
+from .compose import Agent, open_agent
+from .config import resolve_config
+from .loop import TurnResult
+
+__all__ = ["open_session", "Agent", "ApprovalRequest", "TurnResult"]
+
+
+@asynccontextmanager
+async def open_session(
+    workspace: str = ".",
+    *,
+    resume: str | None = None,
+    session_id: str | None = None,
+    provider: str | None = None,
+    model: str | None = None,
+    script: str | None = None,
+    home: str | None = None,
+    backend: str | None = None,
+    approve: bool | Approver = False,
+    report: Callable[[str], None] | None = None,
+) -> AsyncIterator[Agent]:
+    """Open (or resume) a session; leaving the block cancels any running turn and closes the session durably."""
+    config = resolve_config(
+        home=home, backend=backend, provider=provider, model=model, script=script, workspace=workspace
+    )
+    approver = approve if callable(approve) else headless_approver(bool(approve))
+    async with open_agent(config, session_id=session_id, resume=resume, approver=approver, report=report) as agent:
+        yield agent

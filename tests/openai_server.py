@@ -1,0 +1,638 @@
+"""A real local HTTP server speaking the OpenAI Chat Completions streaming protocol, for tests.
+
+In process (pytest)::
+
+    from openai_server import OpenAIServer, text, tool_calls, error, hang
+
+    with OpenAIServer([text("Hello world", chunks=3)]) as server:
+        provider = OpenAIProvider("m", base_url=server.base_url, api_key="sk-test")
+        ...
+        req = server.wait_for_requests(1)        # the first RecordedRequest (blocks until it arrived)
+        assert req.body["stream"] is True and req.header("authorization") == "Bearer sk-test"
+
+Out of process (a subprocess test or the crash harness)::
+
+    python tests/openai_server.py --script script.json --port-file port.txt \
+        [--marker-file markers.jsonl] [--release-file release.flag] [--requests-file requests.jsonl]
+
+`script.json` is a list of behaviours or `{"responses": [...], "default": {...}}`. The bound port is written
+(atomically) to the port file once the server listens; then point `CAIRN_BASE_URL` at `http://127.0.0.1:<port>/v1`.
+The server runs until SIGTERM/SIGINT.
+
+Test modules import it as `openai_server` (pytest puts tests/ on sys.path); `from openai_server import openai_server`
+brings in a fixture yielding a started, empty server.
+
+Behaviours
+----------
+A behaviour is a JSON-able dict (the helpers below build them). Each POST to `.../chat/completions` takes the next one
+from the queue (`server.push(...)` adds more; a queue entry may also be a callable `fn(RecordedRequest) -> dict`, in
+process only). When the queue is empty the `default` behaviour answers (by default: HTTP 500 "script exhausted").
+`GET .../models` answers a model list without using the queue; other paths answer 404. Every request is recorded.
+
+`kind`:
+- `text`: `text`, split into `chunks` pieces (or explicit `deltas`: list of strings); `finish_reason` (default "stop").
+- `tool_calls`: optional `text` first, then `tool_calls`: `[{"id": "call_1" | None (omitted), "name": ...,
+  "arguments": str | object}]`, each call's arguments split into `arg_chunks` pieces (default 3); `interleave`:
+  `"sequential"` (call 0 fully, then call 1 — what OpenAI does), `"round_robin"` (pieces alternate between calls) or
+  `"same_chunk"` (each chunk carries one piece of every call); `finish_reason` default "tool_calls".
+- `error`: HTTP `status` with a JSON body `{"error": {"message", "type", "code"}}` built from `message`, or a given
+  `body` (JSON) or `body_text` (raw); `echo_auth: true` appends the request's Authorization header to the message (to
+  test that clients scrub secrets); `headers`: extra response headers.
+- `hang`: read the request, then send nothing and hold the connection until released (or the server stops), then
+  close it without an answer.
+- `raw`: send `lines` (strings, each followed by "\\n") as the body of a 200 response (`content_type`, default
+  text/event-stream); nothing is added (`done` defaults to false here).
+- `malformed`: a `raw` stream whose data line is not JSON (or give your own `lines`).
+- `close`: stream like `text`, but after `after` data events close the connection abruptly (the chunked body is never
+  terminated, so the client sees the peer vanish mid-stream).
+
+Options for the streaming kinds (`text`, `tool_calls`, `raw`, `malformed`, `close`):
+- `delay_ms`: pause between data events;
+- `fragment`: write each event in pieces of this many bytes, flushed separately with a short pause, so a JSON payload
+  reaches the client split across TCP reads;
+- `hold_after`: after that many data events (0 = right after the response headers), hold until released;
+- `hold_before`: hold after reading the request, before sending anything (`hang` is this, with no answer after);
+- `gate`: the name of the gate a hold waits on (default "default");
+- `done`: send `data: [DONE]` at the end (default true, false for raw/malformed); `finish_reason: null` sends no
+  finish reason;
+- `role_chunk`: send a first `{"role": "assistant", "content": ""}` delta (default true); `model`: the model echoed in
+  chunks (default: the request's); `comments`: send an SSE comment and an `event:` line first (default false).
+
+Hooks for "request received" / "held mid-stream"
+-----------------------------------------------
+- `server.requests` (list of RecordedRequest: method, path, headers (lower-cased names), body (parsed JSON or None),
+  raw bytes, n (1-based)); `server.wait_for_requests(n, timeout)` blocks until n requests arrived and returns the n-th;
+  `server.request_received` is a threading.Event set at every request (clear it yourself to wait for the next).
+- `server.wait_for_hold(n, timeout)`: blocks until n handlers have reached a hold point (i.e. headers and the first
+  `hold_after` events have been sent and flushed); `server.held` is the matching Event.
+- `server.release(gate="default")` opens a gate (it stays open; `server.close_gate(gate)` closes it again). Stopping the
+  server releases every hold and closes every open connection.
+- `marker_file` (constructor / `--marker-file`): a JSON line `{"event": "request", "n", "path", "time"}` is appended
+  when a request arrives and `{"event": "held", "n", "gate", "time"}` when a handler holds — for harnesses in another
+  process.
+- `release_file` (constructor / `--release-file`): a hold also ends once this file exists.
+- `requests_file` (constructor / `--requests-file`): every recorded request appended as a JSON line (headers included,
+  so the Authorization header too — this is a test server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterable
+
+Behaviour = dict[str, Any]
+ScriptEntry = Behaviour | Callable[["RecordedRequest"], Behaviour]
+
+# --------------------------------------------------------------------------- behaviour helpers
+
+
+def text(text: str, chunks: int = 1, **options: Any) -> Behaviour:
+    return {"kind": "text", "text": text, "chunks": chunks, **options}
+
+
+def tool_calls(calls: list[dict[str, Any]], text: str = "", arg_chunks: int = 3, **options: Any) -> Behaviour:
+    return {"kind": "tool_calls", "tool_calls": calls, "text": text, "arg_chunks": arg_chunks, **options}
+
+
+def error(status: int, message: str = "error", **options: Any) -> Behaviour:
+    return {"kind": "error", "status": status, "message": message, **options}
+
+
+def hang(**options: Any) -> Behaviour:
+    return {"kind": "hang", **options}
+
+
+def raw(lines: list[str], **options: Any) -> Behaviour:
+    return {"kind": "raw", "lines": lines, **options}
+
+
+def malformed(**options: Any) -> Behaviour:
+    return {"kind": "malformed", **options}
+
+
+def close(text: str, chunks: int = 4, after: int = 2, **options: Any) -> Behaviour:
+    return {"kind": "close", "text": text, "chunks": chunks, "after": after, **options}
+
+
+EXHAUSTED: Behaviour = {"kind": "error", "status": 500, "message": "openai_server: script exhausted"}
+
+# --------------------------------------------------------------------------- recording
+
+
+@dataclass
+class RecordedRequest:
+    n: int
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-cased names
+    body: Any  # parsed JSON, or None
+    raw: bytes = b""
+    time: float = field(default_factory=time.time)
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "method": self.method, "path": self.path, "headers": self.headers, "body": self.body}
+
+
+def _split(s: str, n: int) -> list[str]:
+    """`s` in `n` nearly equal pieces (fewer when `s` is shorter; none when it is empty)."""
+    if not s:
+        return []
+    n = max(1, min(int(n), len(s)))
+    size, extra = divmod(len(s), n)
+    out, pos = [], 0
+    for i in range(n):
+        step = size + (1 if i < extra else 0)
+        out.append(s[pos : pos + step])
+        pos += step
+    return out
+
+
+class _Stop(Exception):
+    """The server is stopping (or the connection was cut on purpose): end the handler quietly."""
+
+
+# --------------------------------------------------------------------------- the handler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_HTTPServer"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.owner._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass
+        finally:
+            self.server.owner._track(self.connection, add=False)
+
+    # -- entry points
+
+    def do_GET(self) -> None:
+        req = self._record(b"")
+        if req.path.rstrip("/").endswith("/models"):
+            self._send_json(200, {"object": "list", "data": [{"id": "test-model", "object": "model"}]})
+        else:
+            self._send_json(404, {"error": {"message": f"no route for GET {req.path}", "type": "not_found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        req = self._record(body)
+        if not req.path.rstrip("/").endswith("/chat/completions"):
+            self._send_json(404, {"error": {"message": f"no route for POST {req.path}", "type": "not_found"}})
+            return
+        behaviour = self.server.owner._next_behaviour(req)
+        try:
+            self._run(behaviour, req)
+        except _Stop:
+            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError):
+            self.close_connection = True  # the client went away
+
+    def _record(self, body: bytes) -> RecordedRequest:
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = None
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        return self.server.owner._record(self.command, self.path, headers, parsed, body)
+
+    # -- behaviours
+
+    def _run(self, b: Behaviour, req: RecordedRequest) -> None:
+        kind = b.get("kind", "text")
+        owner = self.server.owner
+        if kind == "hang" or b.get("hold_before"):
+            owner._hold(b.get("gate", "default"), req)
+            if kind == "hang":
+                self.close_connection = True
+                return
+        if kind == "error":
+            self._error(b, req)
+        elif kind in ("text", "tool_calls", "close"):
+            self._stream(b, req, self._events(b, req))
+        elif kind in ("raw", "malformed"):
+            lines = b.get("lines")
+            if lines is None:
+                lines = ['data: {"choices": [{"index": 0, "delta": {"content": "hel', ""]
+            self._stream(b, req, [("raw", "".join(line + "\n" for line in lines))])
+        else:
+            self._send_json(500, {"error": {"message": f"openai_server: unknown behaviour kind {kind!r}"}})
+
+    def _error(self, b: Behaviour, req: RecordedRequest) -> None:
+        status = int(b.get("status", 500))
+        if "body_text" in b:
+            payload = str(b["body_text"]).encode()
+            content_type = b.get("content_type", "text/plain")
+        else:
+            if "body" in b:
+                obj = b["body"]
+            else:
+                message = str(b.get("message", "error"))
+                if b.get("echo_auth"):
+                    message += f" (you sent Authorization: {req.header('authorization')})"
+                obj = {"error": {"message": message, "type": b.get("type", "test_error"), "code": b.get("code")}}
+            payload = json.dumps(obj).encode()
+            content_type = "application/json"
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        for k, v in (b.get("headers") or {}).items():
+            self.send_header(k, str(v))
+        self.end_headers()
+        self.wfile.write(payload)
+        self.wfile.flush()
+
+    def _send_json(self, status: int, obj: Any) -> None:
+        payload = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+        self.wfile.flush()
+
+    def _events(self, b: Behaviour, req: RecordedRequest) -> list[tuple[str, Any]]:
+        """The data events of a text / tool_calls / close behaviour, as ("delta", (delta, finish_reason)) items."""
+        kind = b.get("kind", "text")
+        events: list[tuple[str, Any]] = []
+        if b.get("role_chunk", True):
+            events.append(("delta", ({"role": "assistant", "content": ""}, None)))
+        deltas = b.get("deltas")
+        if deltas is None:
+            deltas = _split(str(b.get("text") or ""), int(b.get("chunks", 1)))
+        events.extend(("delta", ({"content": d}, None)) for d in deltas)
+        if kind == "tool_calls":
+            per_call: list[list[dict[str, Any]]] = []
+            for i, call in enumerate(b.get("tool_calls") or []):
+                args = call.get("arguments", {})
+                if not isinstance(args, str):
+                    args = json.dumps(args)
+                first: dict[str, Any] = {"index": call.get("index", i), "type": "function"}
+                if call.get("id") is not None:
+                    first["id"] = call["id"]
+                first["function"] = {"name": call.get("name", ""), "arguments": ""}
+                pieces = [first] + [
+                    {"index": call.get("index", i), "function": {"arguments": p}}
+                    for p in _split(args, int(b.get("arg_chunks", 3)))
+                ]
+                per_call.append(pieces)
+            mode = b.get("interleave", "sequential")
+            longest = max((len(p) for p in per_call), default=0)
+            if mode == "same_chunk":
+                for k in range(longest):
+                    group = [p[k] for p in per_call if k < len(p)]
+                    events.append(("delta", ({"tool_calls": group}, None)))
+            else:
+                if mode == "round_robin":
+                    order = [p[k] for k in range(longest) for p in per_call if k < len(p)]
+                else:
+                    order = [d for p in per_call for d in p]
+                events.extend(("delta", ({"tool_calls": [d]}, None)) for d in order)
+        default_finish = "tool_calls" if kind == "tool_calls" else "stop"
+        finish = b.get("finish_reason", default_finish)
+        if finish is not None:
+            events.append(("delta", ({}, finish)))
+        return events
+
+    def _stream(self, b: Behaviour, req: RecordedRequest, events: list[tuple[str, Any]]) -> None:
+        owner = self.server.owner
+        model = b.get("model") or (req.body.get("model") if isinstance(req.body, dict) else None) or "test-model"
+        self.send_response(200)
+        self.send_header("Content-Type", b.get("content_type", "text/event-stream"))
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        delay = float(b.get("delay_ms", 0)) / 1000.0
+        fragment = int(b.get("fragment", 0))
+        hold_after = b.get("hold_after")
+        close_after = int(b["after"]) if b.get("kind") == "close" else None
+        gate = b.get("gate", "default")
+        if b.get("comments"):
+            self._chunk(b": keep-alive\n\nevent: message\n", 0)
+        sent = 0
+        for i, (what, value) in enumerate(events):
+            if hold_after is not None and sent == int(hold_after):
+                owner._hold(gate, req)
+            if close_after is not None and sent == close_after:
+                self._cut()
+            if i and delay:
+                time.sleep(delay)
+            if what == "raw":
+                data = value.encode()
+            else:
+                delta, finish = value
+                chunk = {
+                    "id": f"chatcmpl-test-{req.n}",
+                    "object": "chat.completion.chunk",
+                    "created": int(req.time),
+                    "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+                data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            self._chunk(data, fragment)
+            sent += 1
+        if hold_after is not None and sent <= int(hold_after):
+            owner._hold(gate, req)
+        if close_after is not None:
+            self._cut()
+        if b.get("done", b.get("kind") not in ("raw", "malformed")):
+            self._chunk(b"data: [DONE]\n\n", fragment)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _chunk(self, data: bytes, fragment: int) -> None:
+        pieces = [data[i : i + fragment] for i in range(0, len(data), fragment)] if fragment > 0 else [data]
+        for j, piece in enumerate(pieces):
+            if j:
+                time.sleep(0.005)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.flush()
+
+    def _cut(self) -> None:
+        """Close the connection abruptly, without finishing the chunked body."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        raise _Stop()
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    owner: "OpenAIServer"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that went away, or a connection cut on purpose
+        super().handle_error(request, client_address)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class OpenAIServer:
+    """A scripted OpenAI-compatible streaming server on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(
+        self,
+        script: Iterable[ScriptEntry] | None = None,
+        *,
+        default: Behaviour | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        marker_file: str | os.PathLike[str] | None = None,
+        release_file: str | os.PathLike[str] | None = None,
+        requests_file: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._queue: list[ScriptEntry] = list(script or [])
+        self.default = default or EXHAUSTED
+        self._host = host
+        self._port = port
+        self.marker_file = os.fspath(marker_file) if marker_file else None
+        self.release_file = os.fspath(release_file) if release_file else None
+        self.requests_file = os.fspath(requests_file) if requests_file else None
+        self._lock = threading.Condition()
+        self._requests: list[RecordedRequest] = []
+        self._holds = 0
+        self._gates: dict[str, threading.Event] = {}
+        self._connections: set[socket.socket] = set()
+        self._stopping = threading.Event()
+        self.request_received = threading.Event()
+        self.held = threading.Event()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle
+
+    def start(self) -> "OpenAIServer":
+        httpd = _HTTPServer((self._host, self._port), _Handler)
+        httpd.owner = self
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is None:
+            return
+        self._stopping.set()
+        with self._lock:
+            for event in self._gates.values():
+                event.set()
+            conns = list(self._connections)
+            self._lock.notify_all()
+        self._httpd.shutdown()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+
+    def __enter__(self) -> "OpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        assert self._httpd is not None, "server not started"
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What to give the provider / CAIRN_BASE_URL."""
+        return f"{self.url}/v1"
+
+    # -- script
+
+    def push(self, *behaviours: ScriptEntry) -> None:
+        with self._lock:
+            self._queue.extend(behaviours)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def _next_behaviour(self, req: RecordedRequest) -> Behaviour:
+        with self._lock:
+            entry = self._queue.pop(0) if self._queue else self.default
+        return entry(req) if callable(entry) else entry
+
+    # -- recording
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def _record(self, method: str, path: str, headers: dict[str, str], body: Any, raw_body: bytes) -> RecordedRequest:
+        with self._lock:
+            req = RecordedRequest(len(self._requests) + 1, method, path, headers, body, raw_body)
+            self._requests.append(req)
+            if self.requests_file:
+                _append_line(self.requests_file, req.to_json())
+            self._marker({"event": "request", "n": req.n, "path": path, "time": req.time})
+            self.request_received.set()
+            self._lock.notify_all()
+        return req
+
+    def wait_for_requests(self, n: int = 1, timeout: float = 5.0) -> RecordedRequest:
+        """Block until `n` requests have arrived; return the n-th. TimeoutError otherwise."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: len(self._requests) >= n, timeout):
+                raise TimeoutError(f"openai_server: {len(self._requests)} request(s) after {timeout}s, wanted {n}")
+            return self._requests[n - 1]
+
+    # -- holds
+
+    def _gate(self, name: str) -> threading.Event:
+        with self._lock:
+            event = self._gates.get(name)
+            if event is None:
+                event = self._gates[name] = threading.Event()
+                if self._stopping.is_set():
+                    event.set()
+            return event
+
+    def release(self, gate: str = "default") -> None:
+        self._gate(gate).set()
+
+    def close_gate(self, gate: str = "default") -> None:
+        self._gate(gate).clear()
+
+    def _hold(self, gate: str, req: RecordedRequest) -> None:
+        event = self._gate(gate)
+        with self._lock:
+            self._holds += 1
+            self._marker({"event": "held", "n": req.n, "gate": gate, "time": time.time()})
+            self.held.set()
+            self._lock.notify_all()
+        while not event.wait(0.05):
+            if self._stopping.is_set() or (self.release_file and os.path.exists(self.release_file)):
+                break
+        if self._stopping.is_set():
+            raise _Stop()
+
+    def wait_for_hold(self, n: int = 1, timeout: float = 5.0) -> None:
+        """Block until `n` handlers have reached a hold point (their earlier events are sent and flushed)."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._holds >= n, timeout):
+                raise TimeoutError(f"openai_server: {self._holds} hold(s) after {timeout}s, wanted {n}")
+
+    # -- connections
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def _marker(self, record: dict[str, Any]) -> None:
+        if self.marker_file:
+            _append_line(self.marker_file, record)
+
+
+def _append_line(path: str, obj: Any) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+
+
+# --------------------------------------------------------------------------- pytest fixture (import it to use it)
+
+if "pytest" in sys.modules:  # not needed (nor imported) in standalone mode
+    import pytest
+
+    @pytest.fixture
+    def openai_server():
+        """An empty, started OpenAIServer; `push()` behaviours onto it."""
+        with OpenAIServer() as server:
+            yield server
+
+
+# --------------------------------------------------------------------------- standalone mode
+
+
+def load_script(path: str) -> tuple[list[Behaviour], Behaviour | None]:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if isinstance(data, list):
+        return data, None
+    return list(data.get("responses", [])), data.get("default")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Scripted OpenAI-compatible streaming server for tests.")
+    parser.add_argument("--script", help="JSON file: a list of behaviours or {responses: [...], default: {...}}")
+    parser.add_argument("--port-file", help="write the bound port here once listening")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--marker-file", help="append a JSON line per request received / hold reached")
+    parser.add_argument("--release-file", help="holds end once this file exists")
+    parser.add_argument("--requests-file", help="append every recorded request as a JSON line")
+    args = parser.parse_args(argv)
+
+    script, default = load_script(args.script) if args.script else ([], None)
+    server = OpenAIServer(
+        script,
+        default=default,
+        host=args.host,
+        port=args.port,
+        marker_file=args.marker_file,
+        release_file=args.release_file,
+        requests_file=args.requests_file,
+    ).start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if args.port_file:
+        tmp = f"{args.port_file}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(str(server.port))
+        os.replace(tmp, args.port_file)
+    print(f"openai_server listening on {server.base_url}", file=sys.stderr, flush=True)
+    try:
+        while not stop.wait(0.2):
+            pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The documented Python API: open, run, resume; seq continues across processes' worth of opens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.api import open_session
+from persistence.events import TurnEnd, TurnStart
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_open_run_and_resume_continue_one_session(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "hello.txt").write_text("hi\n")
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"responses": [
+        {"text": "Looking.", "tool_calls": [{"name": "read_file", "arguments": {"path": "hello.txt"}}]},
+        {"text": "It says hi."},
+    ]}))
+    common = dict(workspace=str(tmp_path / "ws"), provider="script", script=str(script), home=str(tmp_path / "home"))
+    async with open_session(**common) as session:
+        first = await session.run("what is in hello.txt?")
+        session_id = session.id
+    assert first.reason == "completed" and first.text == "It says hi."
+
+    async with open_session(**common, resume=session_id) as session:
+        assert session.session.repaired == []
+        second = await session.run("again")
+        events = session.session.events
+    assert second.reason == "completed"
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert [e.turn for e in events if isinstance(e, TurnStart)] == [1, 2]
+    assert [e.reason for e in events if isinstance(e, TurnEnd)] == ["completed", "completed"]
