@@ -53,7 +53,7 @@ from persistence.session import LiveSession
 from .approval import ApprovalRequest, Approver, headless_approver, needs_approval
 from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext, nothing
 from .providers.base import ModelRequest, Provider, ProviderError, RawToolCall, StreamEnd, TextDelta
-from .tools.base import ToolContext, ToolFailure, truncate_output
+from .tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
 from .tools.registry import ToolRegistry
 from .transcript import Transcript
 
@@ -424,9 +424,9 @@ class AgentLoop:
             run.body_started = True
             ctx = ToolContext(self.workspace, run.call_id, run.turn, run.step, run.parent_call_id, dispatch)
             try:
-                return ToolOutcome(truncate_output(await tool.body(run.arguments, ctx)))
+                return ToolOutcome(truncate_output(await tool.body(run.arguments, ctx), RESULT_LIMIT))
             except ToolFailure as e:
-                return ToolOutcome(truncate_output(str(e)), e.code)
+                return ToolOutcome(truncate_output(str(e), RESULT_LIMIT), e.code)
             except Exception as e:
                 log.exception("tool %s failed", run.name)
                 return ToolOutcome(f"{run.name} failed: {type(e).__name__}: {e}", TOOL_ERROR)

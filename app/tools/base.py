@@ -8,7 +8,8 @@ from typing import Any, Awaitable, Callable, Literal
 
 Safety = Literal["read_only", "idempotent", "side_effecting"]
 
-OUTPUT_LIMIT = 32 * 1024  # characters of tool output handed to the model and stored in the log
+OUTPUT_LIMIT = 32 * 1024  # characters of tool output a tool keeps (each tool truncates with its own notice)
+RESULT_LIMIT = OUTPUT_LIMIT + 4096  # the loop's safety net for any result, room left for the tools' own notices
 
 
 class ToolFailure(Exception):
@@ -45,7 +46,10 @@ class Tool:
 
 
 def truncate_output(text: str, limit: int = OUTPUT_LIMIT) -> str:
-    """Keep the head of long output and say visibly how much was cut."""
+    """Keep the head and the tail of long output (a command's summary is often at the end) and say visibly how much
+    was cut in between."""
     if len(text) <= limit:
         return text
-    return text[:limit] + f"\n[output truncated: {len(text) - limit} more characters not shown]"
+    head, tail = limit * 3 // 4, limit // 4
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[output truncated: {cut} characters not shown]\n{text[-tail:]}"
