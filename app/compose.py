@@ -15,7 +15,8 @@ from persistence.coordinator import DEFAULT_WINDOW
 from persistence.session import LiveSession
 from persistence.store import OpenedSession, SessionStore
 
-from .approval import Approver
+from . import failpoints
+from .approval import Approver, headless_approver
 from .config import Config, make_provider
 from .hooks import Hooks
 from .loop import AgentLoop, TurnResult
@@ -74,6 +75,10 @@ async def open_agent(
         if with_policy:
             policy = CheckpointPolicy(session, report).install(hooks)
             stack.callback(policy.dispose)
+        failpoint = failpoints.from_env(session)
+        if failpoint is not None:
+            failpoint.install(hooks)  # after the policy: it stops *after* the barrier at the same point
+            approver = failpoint.wrap_approver(approver or headless_approver(False))
         loop = AgentLoop(session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks)
         await stack.enter_async_context(loop)
         yield Agent(session, loop, policy)

@@ -6,6 +6,7 @@ outermost. The checkpoint policy is one such plugin; anything else (tracing, rat
   guarantees the provider is never contacted.
 - around_tool:  wraps one tool execution after approval and after `tool/call` was appended; the innermost call runs the
   body. Nested calls (a tool dispatching another) go through it too, with `parent_call_id` set.
+- after_tool:   after a top-level call's `tool/result` was appended, before the next call or `step/end`.
 - after_turn:   after `turn/end` was appended, before the loop reports idle or starts a queued turn.
 """
 
@@ -68,7 +69,7 @@ class ToolOutcome:
 
 
 Wrapper = Callable[[Any, Callable[[], Awaitable[Any]]], Awaitable[Any]]
-POINTS = ("before_step", "around_stream", "around_tool", "after_turn")
+POINTS = ("before_step", "around_stream", "around_tool", "after_tool", "after_turn")
 
 
 @dataclass

@@ -347,6 +347,7 @@ class AgentLoop:
             batch = st.calls[i:j]
             if len(batch) == 1:
                 await self._run_call(st, batch[0])
+                await self._after_tool(st, batch[0])
             else:
                 runs = [self._record_call(st, c) for c in batch]
                 outcomes: list[ToolOutcome | None] = [None] * len(batch)
@@ -360,7 +361,15 @@ class AgentLoop:
                 for call, outcome in zip(batch, outcomes):
                     assert outcome is not None
                     self._append_result(st, call, outcome)
+                for call in batch:
+                    await self._after_tool(st, call)
             i = j
+
+    async def _after_tool(self, st: _TurnState, call: _CallState) -> None:
+        if self.hooks.chains["after_tool"]:
+            run = call.run or ToolRunContext(self.session, st.turn, st.step or 0, call.request.call_id,
+                                             call.request.name, {}, "side_effecting", None)
+            await self.hooks.run("after_tool", run, nothing)
 
     async def _run_call(self, st: _TurnState, call: _CallState) -> None:
         request = call.request
