@@ -140,13 +140,35 @@ def dispatch(args: argparse.Namespace) -> int:
         return show_command(args, config_from(args))
     if command == "acp":
         return fail("the ACP agent is not available in this build yet", EXIT_USAGE)
-    # the TUI (no command, or resume)
-    config_from(args)
-    return fail(
-        "the full-screen TUI arrives in a later release; for now use `cairn run PROMPT` "
-        "(e.g. `cairn run list files`), `cairn sessions` and `cairn show ID`",
-        EXIT_OK,
-    )
+    return tui_command(args, config_from(args))
+
+
+def tui_command(args: argparse.Namespace, config: Any) -> int:
+    """`cairn` (new session here) and `cairn resume [ID]` (default: the most recent session in this directory; the
+    sessions screen when there is none). The session is opened, and repaired, before the app starts."""
+    from .config import make_provider
+
+    make_provider(config)  # configuration errors end here, before a session is created
+    store = open_store(config)
+    if args.command == "resume":
+        session_id = args.session_id or store.latest_in(str(config.workspace))
+        opened = store.open_for_resume(session_id) if session_id else None
+    else:
+        opened = store.create(cwd=str(config.workspace))
+    from .tui import CairnApp
+
+    while True:
+        app = CairnApp(config, opened, store)
+        try:
+            choice = app.run()
+        finally:
+            app.close_if_still_open()
+        if choice is None:
+            return EXIT_OK
+        if choice.action == "open" and choice.session_id:
+            opened = store.open_for_resume(choice.session_id)
+        else:
+            opened = store.create(cwd=str(config.workspace))
 
 
 def sessions_command(args: argparse.Namespace, config: Any) -> int:

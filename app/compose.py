@@ -21,6 +21,7 @@ from .config import Config, make_provider
 from .hooks import Hooks
 from .loop import AgentLoop, TurnResult
 from .policy import CheckpointPolicy
+from .providers.base import Provider
 from .tools.registry import ToolRegistry, builtin_tools
 
 
@@ -50,6 +51,34 @@ def open_session_files(config: Config, session_id: str | None = None, resume: st
     return store.create(cwd=str(config.workspace), session_id=session_id)
 
 
+async def mount_agent(
+    stack: AsyncExitStack,
+    session: LiveSession,
+    provider: Provider,
+    config: Config,
+    *,
+    approver: Approver | None = None,
+    report: Callable[[str], None] | None = None,
+    with_policy: bool = True,
+    tools: ToolRegistry | None = None,
+) -> Agent:
+    """Mount policy then loop on a live session; `stack` unwinds them in reverse (loop stops first, then the policy's
+    hooks go). Who owns the session itself differs by face: `open_agent` enters it here, the TUI's service widget owns
+    it there."""
+    hooks = Hooks()
+    policy = None
+    if with_policy:
+        policy = CheckpointPolicy(session, report).install(hooks)
+        stack.callback(policy.dispose)
+    failpoint = failpoints.from_env(session)
+    if failpoint is not None:
+        failpoint.install(hooks)  # after the policy: it stops *after* the barrier at the same point
+        approver = failpoint.wrap_approver(approver or headless_approver(False))
+    loop = AgentLoop(session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks)
+    await stack.enter_async_context(loop)
+    return Agent(session, loop, policy)
+
+
 @asynccontextmanager
 async def open_agent(
     config: Config,
@@ -70,15 +99,6 @@ async def open_agent(
         stack.push_async_callback(provider.aclose)
         session = LiveSession(opened, window=window)
         await stack.enter_async_context(session)
-        hooks = Hooks()
-        policy = None
-        if with_policy:
-            policy = CheckpointPolicy(session, report).install(hooks)
-            stack.callback(policy.dispose)
-        failpoint = failpoints.from_env(session)
-        if failpoint is not None:
-            failpoint.install(hooks)  # after the policy: it stops *after* the barrier at the same point
-            approver = failpoint.wrap_approver(approver or headless_approver(False))
-        loop = AgentLoop(session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks)
-        await stack.enter_async_context(loop)
-        yield Agent(session, loop, policy)
+        yield await mount_agent(
+            stack, session, provider, config, approver=approver, report=report, with_policy=with_policy, tools=tools
+        )

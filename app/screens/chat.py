@@ -1,0 +1,202 @@
+"""The chat screen: transcript, prompt, queue, status bar, and the persistence-service widget that owns the session.
+
+The agent (policy + loop, mounted by the same `mount_agent` every face uses) runs in a Textual worker on the app's
+event loop. Its barriers reach the service widget as messages; its events reach this screen as messages, in order, and
+the transcript applies them exactly as it applies history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from typing import Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from app.approval import ApprovalRequest
+from app.compose import Agent, mount_agent
+from app.config import Config
+from app.loop import TurnResult
+from app.providers.base import Provider
+from app.tools.registry import ToolRegistry, builtin_tools
+from persistence.events import AnyEvent, RecoveryVerdict, TurnEnd, TurnStart
+from persistence.repair import calls_awaiting_verdict
+from persistence.session import LiveSession
+from widgets.persistence_service import PersistenceService
+from widgets.prompt_input import PromptInput
+from widgets.status_bar import StatusBar
+from widgets.transcript import Notice, Transcript
+
+from .approval import ApprovalModal
+from .resume import ResumeScreen, recovered_from
+
+
+WELCOME = (
+    "New session {id} ({provider}). Type a prompt: Enter sends, Ctrl+J adds a line, Esc cancels a running turn, "
+    "Ctrl+O lists sessions, Ctrl+Q quits. With the demo model try: list files · read README.md · "
+    "write notes.txt: hello · run ls"
+)
+
+
+def tool_safety(name: str) -> str:
+    tool = ToolRegistry(builtin_tools()).get(name)
+    return tool.safety if tool else "?"
+
+
+class ChatScreen(Screen[None]):
+    DEFAULT_CSS = """
+    ChatScreen #queue { height: auto; color: $text-muted; padding: 0 2; display: none; }
+    ChatScreen #queue.-visible { display: block; }
+    """
+
+    BINDINGS = [
+        Binding("escape", "cancel_turn", "Cancel turn"),
+        Binding("ctrl+o", "sessions", "Sessions"),
+        Binding("ctrl+q", "app.quit", "Quit", priority=True),
+    ]
+
+    class SessionEvent(Message):
+        def __init__(self, event: AnyEvent) -> None:
+            super().__init__()
+            self.event = event
+
+    def __init__(self, session: LiveSession, config: Config, provider: Provider) -> None:
+        super().__init__()
+        self.session = session
+        self.config = config
+        self.provider = provider
+        self.agent: Agent | None = None
+        self.service = PersistenceService(session)
+        self.resume_pending = False
+        self._stop = asyncio.Event()
+        self._agent_ready = asyncio.Event()
+        self._worker: Any = None
+
+    def compose(self) -> ComposeResult:
+        yield Transcript(safety_of=tool_safety, id="transcript")
+        yield Static("", id="queue", markup=False)
+        yield PromptInput(id="prompt")
+        yield StatusBar(id="status")
+        yield self.service
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        status = self.query_one(StatusBar)
+        status.session_id = self.session.id
+        status.provider = f"{self.provider.name}/{self.provider.model}"
+        status.backend = self.config.backend
+        status.show_durability("durable", self.session.coordinator.durable_seq)
+        transcript = self.query_one(Transcript)
+        for event in self.session.events:
+            await transcript.apply(event, live=False)
+        if not self.session.events:
+            await transcript.mount(Notice(WELCOME.format(id=self.session.id, provider=self.provider.name)))
+        transcript.scroll_end(animate=False)
+        self.session.subscribe(lambda event: self.post_message(self.SessionEvent(event)))
+        self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
+        if self.session.repaired or calls_awaiting_verdict(self.session.events):
+            self.resume_pending = True
+            calls, prompt, text = recovered_from(self.session.events)
+            self.app.push_screen(ResumeScreen(self.session.id, calls, prompt, text), self._resumed)
+        else:
+            self.query_one(PromptInput).focus()
+
+    async def _run_agent(self) -> None:
+        async with AsyncExitStack() as stack:
+            self.agent = await mount_agent(
+                stack, self.session, self.provider, self.config, approver=self.ask_approval, report=self.report
+            )
+            self.agent.loop.on_turn_result.append(self._turn_finished)
+            self._agent_ready.set()
+            await self._stop.wait()
+        # leaving the stack: the loop cancelled its turn and wrote the real closing events; the policy is removed
+
+    def _resumed(self, calls: Any) -> None:
+        for call in calls or []:
+            if call.verdict:
+                self.session.append(RecoveryVerdict(call_id=call.call_id, verdict=call.verdict, note=call.note))
+        self.resume_pending = False
+        self.query_one(PromptInput).focus()
+
+    # -- events -----------------------------------------------------------------------------------------------------
+
+    @on(SessionEvent)
+    async def show_event(self, message: SessionEvent) -> None:
+        event = message.event
+        await self.query_one(Transcript).apply(event)
+        if isinstance(event, (TurnStart, TurnEnd)):
+            self._refresh_activity()
+
+    @on(PersistenceService.DurabilityChanged)
+    def show_durability(self, message: PersistenceService.DurabilityChanged) -> None:
+        self.query_one(StatusBar).show_durability(message.state, message.durable_seq, message.error)
+        if message.state == "failed":
+            self.notify(f"Checkpoint failed: {message.error}", severity="error", timeout=8)
+
+    def report(self, text: str) -> None:
+        self.notify(text, severity="error", timeout=8)
+        self.query_one(StatusBar).failed = True
+
+    def _turn_finished(self, result: TurnResult) -> None:
+        self._refresh_activity()
+
+    def _refresh_activity(self) -> None:
+        loop = self.agent.loop if self.agent else None
+        queued = loop.queued if loop else []
+        running = loop is not None and loop.busy and (self.session.events and not isinstance(self.session.events[-1], TurnEnd))
+        status = self.query_one(StatusBar)
+        status.activity = ("● running" if running else "idle") + (f" · {len(queued)} queued" if queued else "")
+        queue = self.query_one("#queue", Static)
+        queue.update("\n".join(f"queued: {q}" for q in queued))
+        queue.set_class(bool(queued), "-visible")
+
+    # -- input ------------------------------------------------------------------------------------------------------
+
+    @on(PromptInput.Submitted)
+    async def submit(self, message: PromptInput.Submitted) -> None:
+        if self.resume_pending:
+            self.notify("Review the recovered calls first.", severity="warning")
+            return
+        await self._agent_ready.wait()
+        assert self.agent is not None
+        self.agent.loop.submit(message.text)
+        self._refresh_activity()
+
+    def action_cancel_turn(self) -> None:
+        if self.agent is not None and self.agent.loop.busy:
+            self.agent.loop.cancel()
+
+    def action_sessions(self) -> None:
+        self.app.action_open_sessions()  # type: ignore[attr-defined]
+
+    async def ask_approval(self, request: ApprovalRequest) -> str:
+        """The TUI's approver: a modal; the loop waits on a future its dismissal resolves."""
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def decided(decision: str | None) -> None:
+            if not future.done():
+                future.set_result(decision or "denied")
+
+        modal = ApprovalModal(request)
+        self.app.push_screen(modal, decided)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if modal.is_attached and self.app.screen is modal:
+                modal.dismiss("cancelled")
+            raise
+
+    # -- ordered shutdown -------------------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Cancel the running turn, wait until the loop is idle (its real closing events are written), remove the
+        policy, then final flush and close the store. Safe to call twice."""
+        self._stop.set()
+        if self._worker is not None:
+            await self._worker.wait()
+        await self.service.close()

@@ -1,0 +1,118 @@
+"""The sessions screen: every session with first prompt, cwd, updated time, events and status; open (resume) one,
+start a new one, or inspect one read-only. A live session (locked by another process) is listed but cannot be opened for
+writing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label, Static
+
+from app.render import first_line, format_time, render_session
+from persistence.store import SessionStore, SessionSummary
+
+
+@dataclass(frozen=True)
+class SessionChoice:
+    action: str  # "open" or "new"
+    session_id: str | None = None
+
+
+class InspectScreen(Screen[None]):
+    """A session as repair would leave it, read-only (like `cairn show`)."""
+
+    DEFAULT_CSS = "InspectScreen Static#log { padding: 0 1; }"
+    BINDINGS = [Binding("escape,q", "app.pop_screen", "Back")]
+
+    def __init__(self, store: SessionStore, session_id: str) -> None:
+        super().__init__()
+        self.store = store
+        self.session_id = session_id
+
+    def compose(self) -> ComposeResult:
+        inspection = self.store.inspect(self.session_id)
+        events = inspection.events + inspection.repair
+        live = " (live in another process: shown as it stands)" if inspection.live_pid is not None else ""
+        yield Label(f"Session {self.session_id}{live} — read-only")
+        from textual.containers import VerticalScroll
+
+        with VerticalScroll():
+            yield Static(render_session(events, len(inspection.events) if inspection.repair else None), id="log",
+                         markup=False)
+        yield Footer()
+
+
+class SessionsScreen(Screen[SessionChoice | None]):
+    DEFAULT_CSS = """
+    SessionsScreen > Vertical { padding: 1 2; }
+    SessionsScreen #title { text-style: bold; margin-bottom: 1; }
+    SessionsScreen DataTable { height: 1fr; }
+    SessionsScreen #hint { color: $text-muted; margin-top: 1; }
+    """
+
+    BINDINGS = [
+        Binding("enter", "open", "Open / resume"),
+        Binding("n", "new", "New session"),
+        Binding("i", "inspect", "Inspect read-only"),
+        Binding("escape", "back", "Back"),
+    ]
+
+    def __init__(self, store: SessionStore, current: str | None = None, summaries: list[SessionSummary] | None = None):
+        super().__init__()
+        self.store = store
+        self.current = current
+        self.summaries = summaries if summaries is not None else store.list_sessions()
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(f"Sessions ({len(self.summaries)})", id="title")
+            yield DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
+            yield Static("enter: open or resume · n: new session · i: inspect read-only · esc: back", id="hint")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("first prompt", "status", "events", "updated", "cwd", "id")
+        for s in self.summaries:
+            status = "live-locked" if s.status == "live" else s.status
+            if s.id == self.current:
+                status = "open here"
+            table.add_row(first_line(s.first_prompt, 40) or "—", status, str(s.events), format_time(s.updated),
+                          s.cwd, s.id, key=s.id)
+        table.focus()
+
+    def _selected(self) -> SessionSummary | None:
+        table = self.query_one(DataTable)
+        if not self.summaries:
+            return None
+        return self.summaries[table.cursor_row]
+
+    @on(DataTable.RowSelected)
+    def action_open(self) -> None:
+        chosen = self._selected()
+        if chosen is None:
+            return
+        if chosen.id == self.current:
+            self.dismiss(None)
+            return
+        if chosen.status == "live":
+            self.notify(f"Session {chosen.id} is live in another process; it can only be inspected (i).",
+                        severity="warning")
+            return
+        self.dismiss(SessionChoice("open", chosen.id))
+
+    def action_new(self) -> None:
+        self.dismiss(SessionChoice("new"))
+
+    def action_inspect(self) -> None:
+        chosen = self._selected()
+        if chosen is not None:
+            self.app.push_screen(InspectScreen(self.store, chosen.id))
+
+    def action_back(self) -> None:
+        self.dismiss(None)

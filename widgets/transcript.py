@@ -1,0 +1,120 @@
+"""The chat transcript, derived from session events: user prompts, streamed assistant Markdown, tool-call cards.
+
+History and live updates go through the same `apply()`, so what a resumed session shows is exactly what was seen live.
+Streaming writes go to Textual's MarkdownStream, which batches fragments while a render is in flight, so a fast model
+does not re-render the document once per token.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from textual.containers import VerticalScroll
+from textual.widgets import Markdown, Static
+
+from persistence.events import (
+    AnyEvent,
+    ApprovalAsked,
+    AssistantChunk,
+    AssistantMessage,
+    RecoveryVerdict,
+    ToolCall,
+    ToolResult,
+    TurnEnd,
+    UserMessage,
+)
+
+from .tool_card import ToolCard
+
+
+class UserPrompt(Static):
+    DEFAULT_CSS = "UserPrompt { margin: 1 0 0 0; padding: 0 1; background: $boost; color: $text; text-style: bold; }"
+
+
+class Notice(Static):
+    DEFAULT_CSS = """
+    Notice { margin: 0 0 1 0; padding: 0 1; color: $text-muted; }
+    Notice.-error { color: $error; }
+    Notice.-warning { color: $warning; }
+    """
+
+
+class AssistantText(Markdown):
+    DEFAULT_CSS = "AssistantText { margin: 0 0 0 0; padding: 0 1; background: transparent; }"
+
+
+class Transcript(VerticalScroll):
+    DEFAULT_CSS = "Transcript { height: 1fr; padding: 0 1; }"
+
+    def __init__(self, safety_of: Callable[[str], str] = lambda name: "?", **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.safety_of = safety_of  # a tool's safety class before its tool/call says it
+        self.cards: dict[str, ToolCard] = {}
+        self._assistant: AssistantText | None = None
+        self._stream = None  # MarkdownStream of the answer being streamed
+        self._streamed = ""
+
+    async def apply(self, event: AnyEvent, live: bool = True) -> None:
+        if isinstance(event, UserMessage):
+            await self.mount(UserPrompt(f"> {event.text}", markup=False))
+        elif isinstance(event, AssistantChunk):
+            if not live:
+                self._streamed += event.delta
+                return
+            if self._stream is None:
+                self._assistant = AssistantText()
+                await self.mount(self._assistant)
+                self._stream = Markdown.get_stream(self._assistant)
+            self._streamed += event.delta
+            await self._stream.write(event.delta)
+        elif isinstance(event, AssistantMessage):
+            await self._finish_answer(event)
+        elif isinstance(event, ApprovalAsked):
+            card = self.cards.get(event.call_id)
+            if card is not None:
+                card.status = "awaiting approval"
+        elif isinstance(event, ToolCall):
+            card = self.cards.get(event.call_id)
+            if card is None:  # a nested call: not in the assistant message
+                card = ToolCard(event.call_id, event.name, event.arguments, event.safety)
+                self.cards[event.call_id] = card
+                await self.mount(card)
+            card.set_safety(event.safety)
+            card.status = "running"
+        elif isinstance(event, ToolResult):
+            card = self.cards.get(event.call_id)
+            if card is not None:
+                card.set_result(event.content, event.error_code)
+        elif isinstance(event, RecoveryVerdict):
+            note = f" — {event.note}" if event.note else ""
+            await self.mount(Notice(f"verdict on {event.call_id}: {event.verdict}{note}", markup=False))
+        elif isinstance(event, TurnEnd):
+            await self._finish_answer(None)
+            if event.reason != "completed":
+                detail = f": {event.error.message}" if event.error else ""
+                notice = Notice(f"turn {event.turn} {event.reason}{detail}", markup=False)
+                notice.add_class("-error" if event.reason == "error" else "-warning")
+                await self.mount(notice)
+        if live:
+            self.scroll_end(animate=False)
+
+    async def _finish_answer(self, message: AssistantMessage | None) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        if message is not None:
+            text = message.text + (" *(interrupted)*" if message.interrupted else "")
+            if self._assistant is None and text.strip():
+                await self.mount(AssistantText(text))
+            elif self._assistant is not None and message.interrupted:
+                await self._assistant.append(" *(interrupted)*")
+            for call in message.tool_calls:
+                card = ToolCard(call.call_id, call.name, call.arguments, self.safety_of(call.name))
+                card.status = "queued"
+                self.cards[call.call_id] = card
+                await self.mount(card)
+        elif self._streamed and self._assistant is None:
+            # chunks that never got their assistant/message (a crash mid-stream)
+            await self.mount(AssistantText(self._streamed + " *(cut off by a crash)*"))
+        self._assistant = None
+        self._streamed = ""
