@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import NamedTuple
-
 from .events import AnyEvent, SessionHeader
 
 
-class EncodedEvent(NamedTuple):
-    seq: int
-    data: bytes  # the event's JSON line, without newline
+# (seq, the event's JSON line without newline): a plain tuple, built once per event on the streaming hot path.
+EncodedEvent = tuple[int, bytes]
 
 
 @dataclass
@@ -30,6 +27,9 @@ class LoadedLog:
 
 class Writer(ABC):
     """Appends to one session. Used from one thread at a time (the coordinator serializes it)."""
+
+    # False when calls may block for long on purpose (test seams that hold a write): always use a worker thread.
+    inline_safe = True
 
     @abstractmethod
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:

@@ -52,25 +52,29 @@ def decode_header(line: bytes, path: str) -> SessionHeader:
         raise CorruptLog(path, 1, f"bad header: {e}") from None
 
 
-def decode_events(body: bytes, path: str, first_line: int, tail_may_be_torn: bool) -> tuple[list[AnyEvent], int]:
+def decode_events(
+    body: bytes | memoryview, path: str, first_line: int, tail_may_be_torn: bool
+) -> tuple[list[AnyEvent], int]:
     """Decode `body` (event lines). Returns the events and the byte length of the part that was kept.
 
     With `tail_may_be_torn`, a last line without its newline, or a last line that is not JSON, is dropped (a crash
-    mid-write); any other bad line raises CorruptLog naming `path:line`.
+    mid-write); any other bad line raises CorruptLog naming `path:line`. Blank lines between events are skipped
+    (Cairn never writes one, and they hold nothing to lose); blank lines at the end are cut like a torn tail.
     """
     events: list[AnyEvent]
     if not body:
         return [], 0
-    if body.endswith(b"\n"):
+    if body[-1:] == b"\n" and body[-2:] != b"\n\n":  # (blank last lines are cut like a torn tail: slow path)
         try:
             with gc_paused():
                 events = event_decoder.decode_lines(body)  # type: ignore[assignment]
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
         else:
-            check_envelope(events, path, first_line)
-            return events, len(body)
-    return _decode_slowly(body, path, first_line, tail_may_be_torn)
+            if all(event.seq == i for i, event in enumerate(events)):
+                return events, len(body)
+    # something is off: walk line by line to drop a torn tail, keep ignorable events, or name the exact bad line
+    return _decode_slowly(bytes(body), path, first_line, tail_may_be_torn)
 
 
 def _decode_slowly(body: bytes, path: str, first_line: int, tail_may_be_torn: bool) -> tuple[list[AnyEvent], int]:
@@ -80,20 +84,26 @@ def _decode_slowly(body: bytes, path: str, first_line: int, tail_may_be_torn: bo
         lines.append(unterminated)
         unterminated = b""
     events: list[AnyEvent] = []
-    kept = 0
+    kept = blanks = 0  # blank lines count as kept only once an event follows them: at the tail they are cut
     last = len(lines) - 1
     for i, line in enumerate(lines):
         line_no = first_line + i
+        if not line.strip():
+            blanks += len(line) + 1
+            continue
         try:
-            events.append(event_decoder.decode(line))
+            event = event_decoder.decode(line)
         except msgspec.ValidationError as e:
-            events.append(_ignorable_or_refuse(line, path, line_no, e))
+            event = _ignorable_or_refuse(line, path, line_no, e)
         except msgspec.DecodeError:
             if tail_may_be_torn and i == last and not unterminated:
                 break  # a complete-looking last line that is not JSON: torn by a crash
             raise CorruptLog(path, line_no, "the line is not valid JSON") from None
-        kept += len(line) + 1
-    check_envelope(events, path, first_line)
+        if event.seq != len(events):
+            raise CorruptLog(path, line_no, f"seq {event.seq} where {len(events)} was expected")
+        events.append(event)
+        kept += blanks + len(line) + 1
+        blanks = 0
     return events, kept
 
 
@@ -109,10 +119,3 @@ def _ignorable_or_refuse(line: bytes, path: str, line_no: int, error: Exception)
             path, line_no, f"unknown event type {raw['type']!r} not marked ignorable (written by a newer Cairn?)"
         ) from None
     raise CorruptLog(path, line_no, f"bad event: {error}") from None
-
-
-def check_envelope(events: list[AnyEvent], path: str, first_line: int) -> None:
-    """seq must run 0, 1, 2, … with no gap or repeat."""
-    for i, event in enumerate(events):
-        if event.seq != i:
-            raise CorruptLog(path, first_line + i, f"seq {event.seq} where {i} was expected")

@@ -20,9 +20,26 @@ import anyio
 
 from .backend import EncodedEvent, Writer
 from .errors import CheckpointFailed, PersistenceError
-from .events import AnyEvent, IgnorableEvent, check_event_finite, encode_event
+from .events import (
+    AnyEvent,
+    AssistantMessage,
+    IgnorableEvent,
+    RequestHeader,
+    ToolCall,
+    check_event_finite,
+    encode_event,
+    encoder,
+)
 
 DEFAULT_WINDOW = 0.02  # seconds; SPEC §1 allows at most 50 ms
+
+# A backend call (write, or write + fdatasync) that has recently been this quick runs inline on the event loop: on a
+# fast disk the hop to a worker thread and back costs more than the fsync itself (P1 in docs/benchmarks.md). As soon as
+# calls get slower (a busy or slow disk) they move to a worker thread, so the event loop (and the TUI) never stalls
+# for longer than about this.
+INLINE_IO_BUDGET = 0.001
+
+FREE_FORM = frozenset({RequestHeader, ToolCall, AssistantMessage, IgnorableEvent})
 
 
 class CoordinatorClosed(PersistenceError):
@@ -61,6 +78,8 @@ class Coordinator:
         self.durable_seq = next_seq - 1
         self._io = anyio.Lock()
         self._wake = anyio.Event()
+        self._armed = False  # write-behind has been woken and will pick up whatever is appended meanwhile
+        self._io_cost = 0.0  # smoothed seconds per backend call: decides inline vs worker thread
         self._inflight: _Flush | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = anyio.Event()
@@ -75,18 +94,27 @@ class Coordinator:
         return self._next_seq
 
     def append(self, event: AnyEvent) -> AnyEvent:
-        """Stamp seq and time, queue for write-behind. Raises NonFiniteNumber before anything is queued."""
+        """Stamp seq and time, queue for write-behind. Raises NonFiniteNumber before anything is queued.
+
+        This is the streaming hot path (one call per chunk), so it does only what it must: the finiteness check for
+        the few types with free-form fields, one encode, and a wake-up only when write-behind is not already armed.
+        """
         if self.closed:
             raise CoordinatorClosed()
-        check_event_finite(event)
-        event.seq = self._next_seq
-        if not isinstance(event, IgnorableEvent) or event.time <= 0:
+        cls = type(event)
+        if cls in FREE_FORM:
+            check_event_finite(event)
+        seq = self._next_seq
+        event.seq = seq
+        if cls is not IgnorableEvent or event.time <= 0:
             t = now_ms()
             event.time = t if t > self._last_time else self._last_time
         self._last_time = event.time
-        self._pending.append(EncodedEvent(event.seq, encode_event(event)))
-        self._next_seq += 1
-        self._wake.set()
+        self._pending.append((seq, encoder.encode(event) if cls is not IgnorableEvent else encode_event(event)))
+        self._next_seq = seq + 1
+        if not self._armed:
+            self._armed = True
+            self._wake.set()
         return event
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -111,7 +139,10 @@ class Coordinator:
             return
         try:
             with anyio.CancelScope(shield=True):
-                await self.flush()
+                # Appends made while the final flush runs are accepted too: flush again until none is left (no await
+                # between the last check and `closed`), so nothing accepted is silently dropped.
+                while self.durable_seq < self._next_seq - 1:
+                    await self.flush()
         finally:
             self.closed = True
             self._closing.set()
@@ -120,6 +151,21 @@ class Coordinator:
                 with anyio.CancelScope(shield=True):
                     await self._task
                 self._task = None
+            self._writer.close()
+
+    def close_now(self) -> None:
+        """Synchronous last resort when no event loop is left (a UI that exited without its ordered shutdown):
+        write and sync what is queued, close the writer."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self._pending:
+                self._writer.append(self._pending[self._written :], durable=True)
+                self.durable_seq = self._pending[-1][0]
+                self._pending.clear()
+                self._written = 0
+        finally:
             self._writer.close()
 
     async def _write_behind(self) -> None:
@@ -132,6 +178,7 @@ class Coordinator:
                 await self._closing.wait()  # gather appends for one window; a close ends it early
             if self.closed:
                 return
+            self._armed = False  # appends from here on wake the next round
             try:
                 await self._write(durable=False)
             except Exception:
@@ -139,34 +186,74 @@ class Coordinator:
 
     # -- writing ---------------------------------------------------------------------------------------------------
 
+    def _inline(self) -> bool:
+        return self._io_cost < INLINE_IO_BUDGET and self._writer.inline_safe
+
     async def _write(self, durable: bool) -> None:
         with anyio.CancelScope(shield=True):
             async with self._io:
+                if self._inline():
+                    self._write_now(durable)
+                    return
                 batch = self._pending[self._written :]
                 if not batch and (not durable or not self._pending):
                     return
                 try:
-                    n = await anyio.to_thread.run_sync(self._writer.append, batch, durable)
+                    n = await anyio.to_thread.run_sync(self._timed_append, batch, durable)
                 except BaseException as e:
-                    self._written = 0  # the backend rewinds to its last durable point; re-send from there
-                    self.stats.failures += 1
-                    self.last_error = e
+                    self._failed(e)
                     raise
-                self.stats.writes += 1
-                self.stats.bytes += n
-                self._written += len(batch)
-                if durable:
-                    self.stats.fsyncs += 1
-                    self.durable_seq = self._pending[self._written - 1].seq
-                    del self._pending[: self._written]
-                    self._written = 0
-                self.last_error = None
+                self._written_ok(len(batch), n, durable)
+
+    def _write_now(self, durable: bool) -> None:
+        """The whole write on the event loop, with no await: nothing can interleave with it."""
+        batch = self._pending[self._written :]
+        if not batch and (not durable or not self._pending):
+            return
+        try:
+            n = self._timed_append(batch, durable)
+        except BaseException as e:
+            self._failed(e)
+            raise
+        self._written_ok(len(batch), n, durable)
+
+    def _failed(self, error: BaseException) -> None:
+        self._written = 0  # the backend rewinds to its last durable point; re-send from there
+        self.stats.failures += 1
+        self.last_error = error
+
+    def _written_ok(self, count: int, nbytes: int, durable: bool) -> None:
+        self.stats.writes += 1
+        self.stats.bytes += nbytes
+        self._written += count
+        if durable:
+            self.stats.fsyncs += 1
+            self.durable_seq = self._pending[self._written - 1][0]
+            del self._pending[: self._written]
+            self._written = 0
+        self.last_error = None
+
+    def _timed_append(self, batch: list[EncodedEvent], durable: bool) -> int:
+        start = _time.perf_counter()
+        try:
+            return self._writer.append(batch, durable)
+        finally:
+            self._io_cost = 0.7 * self._io_cost + 0.3 * (_time.perf_counter() - start)
 
     async def flush(self) -> None:
         """Barrier: return once every event appended before the call is durable; raise CheckpointFailed otherwise."""
         if self.closed:
             raise CoordinatorClosed()
         target = self._next_seq - 1
+        if self.durable_seq >= target:
+            return
+        if self._inflight is None and not self._io.locked() and self._inline():
+            # fast path: nobody to share with and nothing to wait for, so no bookkeeping for joiners either
+            try:
+                self._write_now(durable=True)
+            except Exception as e:
+                raise CheckpointFailed(e) from e
+            return
         while self.durable_seq < target:
             flush = self._inflight
             if flush is None:

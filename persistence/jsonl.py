@@ -17,6 +17,8 @@ from .events import SessionHeader, encoder
 class FileOps:
     """The system calls the JSONL writer makes; subclass to inject faults."""
 
+    inline_safe = True  # set False in a subclass whose calls may block on purpose
+
     def open(self, path: str, flags: int, mode: int = 0o600) -> int:
         return os.open(path, flags, mode)
 
@@ -50,6 +52,7 @@ def write_all(ops: FileOps, fd: int, data: bytes) -> None:
 
 class JsonlWriter(Writer):
     def __init__(self, fd: int, size: int, ops: FileOps) -> None:
+        self.inline_safe = ops.inline_safe
         self._fd = fd
         self._ops = ops
         self._durable_size = size  # bytes known to be on disk
@@ -63,7 +66,7 @@ class JsonlWriter(Writer):
                 ops.ftruncate(self._fd, self._durable_size)
                 self._size = self._durable_size
                 self._needs_rewind = False
-            data = b"".join([e.data + b"\n" for e in batch])
+            data = b"\n".join([d for _, d in batch]) + b"\n" if batch else b""
             write_all(ops, self._fd, data)
             self._size += len(data)
             if durable:
@@ -133,7 +136,7 @@ class JsonlBackend(Backend):
         if nl < 0:
             raise CorruptLog(path, 1, "the header line is incomplete (the session was never fully created)")
         header = decode_header(data[:nl], path)
-        body = data[nl + 1 :]
+        body = memoryview(data)[nl + 1 :]  # no 50 MB copy of the body
         events, kept = decode_events(body, path, first_line=2, tail_may_be_torn=True)
         return LoadedLog(header, events, path, torn_bytes=len(body) - kept)
 

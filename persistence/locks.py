@@ -10,7 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from .errors import SessionLocked
+from .errors import SessionLocked, StoreUnavailable
 
 
 class SessionLock:
@@ -20,8 +20,14 @@ class SessionLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:  # at start, as one line, not a traceback (e.g. a read-only locks directory)
+            raise StoreUnavailable(
+                f"cannot create the lock file {self.path} ({e.strerror}): its directory must be writable; "
+                "fix its permissions or use --home"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -88,16 +88,21 @@ def repair_interrupted_turn(events: list[AnyEvent]) -> list[AnyEvent]:
         seq += 1
         closing.append(event)
 
+    def close_nested(parent_id: str) -> None:
+        """Nested calls it made (parent_call_id), at any depth, close before it does, innermost first."""
+        for nested in calls.values():
+            if nested.parent_call_id == parent_id and nested.call_id not in results:
+                results.add(nested.call_id)  # before recursing, so a malformed parent cycle cannot loop forever
+                close_nested(nested.call_id)
+                add(_unknown(nested))
+
     if open_step is not None:
         t, s = open_step.turn, open_step.step
         if message is not None:
             for request in message.tool_calls:
                 if request.call_id in results:
                     continue
-                # nested calls it made (parent_call_id) close before it does
-                for nested in calls.values():
-                    if nested.parent_call_id == request.call_id and nested.call_id not in results:
-                        add(_unknown(nested))
+                close_nested(request.call_id)
                 call = calls.get(request.call_id)
                 if call is None:
                     add(

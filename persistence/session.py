@@ -6,7 +6,7 @@ releases the lock, in that order.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Awaitable, Callable
 
 from .coordinator import DEFAULT_WINDOW, Coordinator
 from .events import AnyEvent, SessionHeader
@@ -25,6 +25,7 @@ class LiveSession:
         last_time = self.events[-1].time if self.events else 0
         self.coordinator = Coordinator(opened.writer, next_seq=len(self.events), last_time=last_time, window=window)
         self._listeners: list[Listener] = []
+        self._barrier: Callable[[], Awaitable[None]] = self.coordinator.flush
 
     @property
     def id(self) -> str:
@@ -40,7 +41,12 @@ class LiveSession:
 
     async def flush(self) -> None:
         """A barrier: everything appended so far is durable when this returns (raises CheckpointFailed otherwise)."""
-        await self.coordinator.flush()
+        await self._barrier()
+
+    def route_barriers(self, barrier: Callable[[], Awaitable[None]]) -> None:
+        """Send barriers through an owner (the TUI's persistence-service widget) instead of straight to the
+        coordinator; the owner performs them with `coordinator.flush()`."""
+        self._barrier = barrier
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         self._listeners.append(listener)
@@ -62,5 +68,12 @@ class LiveSession:
     async def __aexit__(self, *exc_info: object) -> None:
         try:
             await self.coordinator.aclose()
+        finally:
+            self._lock.release()
+
+    def close_now(self) -> None:
+        """Synchronous close (see Coordinator.close_now); releases the lock whatever happens."""
+        try:
+            self.coordinator.close_now()
         finally:
             self._lock.release()

@@ -45,6 +45,7 @@ def default_connect(path: str) -> sqlite3.Connection:
 
 class SqliteWriter(Writer):
     def __init__(self, conn: sqlite3.Connection, session_id: str, token: str) -> None:
+        self.inline_safe = getattr(conn, "inline_safe", True)  # a test connection may hold a commit on purpose
         self._conn = conn
         self._id = session_id
         self._token = token
@@ -66,7 +67,7 @@ class SqliteWriter(Writer):
             # OR REPLACE: after a failed barrier the coordinator re-sends everything since the last durable one.
             conn.executemany(
                 "INSERT OR REPLACE INTO events (session_id, seq, body) VALUES (?, ?, ?)",
-                [(self._id, e.seq, e.data) for e in batch],
+                [(self._id, seq, data) for seq, data in batch],
             )
             if durable and not batch:
                 # Earlier NORMAL commits sit unsynced in the WAL; an empty transaction would not sync it, a write does.
@@ -76,7 +77,7 @@ class SqliteWriter(Writer):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        return sum(len(e.data) for e in batch)
+        return sum(len(data) for _, data in batch)
 
     def close(self) -> None:
         self._conn.close()
@@ -180,9 +181,7 @@ class SqliteBackend(Backend):
             raise UnsupportedFormat(location, version if fmt == FORMAT else fmt, FORMAT_VERSION)
         header = SessionHeader(id=session_id, created=created, cwd=cwd)
         bodies = conn.execute("SELECT body FROM events WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
-        body = b"\n".join([b for (b,) in bodies])
-        if bodies:
-            body += b"\n"
+        body = b"\n".join([b for (b,) in bodies] + [b""]) if bodies else b""  # trailing newline without a copy
         # line numbers in errors count events from 1 (there is no header line in a table)
         events, _ = decode_events(body, location, first_line=1, tail_may_be_torn=False)
         return LoadedLog(header, events, location)

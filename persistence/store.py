@@ -26,7 +26,7 @@ _ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 
 
 def check_session_id(session_id: str) -> str:
-    if not _ID.match(session_id):
+    if not _ID.fullmatch(session_id):
         raise InvalidSessionId(session_id)
     return session_id
 
@@ -91,7 +91,7 @@ class SessionStore:
 
     def create(self, cwd: str, session_id: str | None = None, created: int | None = None) -> OpenedSession:
         self.backend.check_writable()
-        session_id = check_session_id(session_id) if session_id else new_session_id()
+        session_id = check_session_id(session_id) if session_id is not None else new_session_id()
         header = SessionHeader(id=session_id, created=created or time.time_ns() // 1_000_000, cwd=cwd)
         lock = self._lock(session_id)
         try:
@@ -112,7 +112,7 @@ class SessionStore:
             try:
                 repaired = repair_interrupted_turn(log.events)
                 if repaired:
-                    writer.append([EncodedEvent(e.seq, encode_event(e)) for e in repaired], durable=True)
+                    writer.append([(e.seq, encode_event(e)) for e in repaired], durable=True)
             except BaseException:
                 writer.close()
                 raise

@@ -36,6 +36,8 @@ class ControlledOps(FileOps):
         self.fsync_entered = threading.Event()
         self.fsyncs = 0
 
+    inline_safe = False  # fdatasync may be held on purpose: keep it off the event loop
+
     def fdatasync(self, fd: int) -> None:
         self.fsyncs += 1
         self.fsync_entered.set()
