@@ -31,8 +31,8 @@ exit codes: 0 ok, 1 turn ended in error, 2 usage or configuration, 3 session loc
 130 cancelled"""
 
 
-def common_options() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+def common_options(default: Any = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, argument_default=default)
     g = p.add_argument_group("common options")
     g.add_argument("--home", metavar="DIR", help="session storage directory (= CAIRN_HOME)")
     g.add_argument("--backend", choices=["jsonl", "sqlite"], help="storage backend (= CAIRN_BACKEND; default jsonl)")
@@ -44,11 +44,13 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = common_options()
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="cairn", description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt, parents=[common]
+        prog="cairn", description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt, parents=[common_options()]
     )
+    # A subcommand's copy of the common options must not reset, with its own defaults, what was given before the
+    # command (`cairn --home DIR run …`): absent there, they leave the namespace alone.
+    common = common_options(argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     r = sub.add_parser("resume", parents=[common], help="open a session in the TUI (repairing it first)")

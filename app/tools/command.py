@@ -2,6 +2,9 @@
 
 Why it is built this way:
 - `CAIRN_CALL_ID` is exported so a command can make itself idempotent (SPEC §1: the call_id is the idempotency key).
+- Cairn's API key is not passed on (`CAIRN_API_KEY`, `OPENAI_API_KEY`, and any other variable holding the same
+  value): whatever a command prints is recorded in the session log, and nothing secret may ever be written there
+  (SPEC §5). A command that needs a key must be given one another way.
 - The shell gets its own session/process group (`start_new_session`), so a timeout or a cancelled turn can SIGKILL the
   whole tree it started — `sleep 30 & sleep 30` included — rather than only the shell.
 - Output is read incrementally and only the first OUTPUT_LIMIT bytes are kept; the rest is counted, not stored, so a
@@ -27,6 +30,7 @@ from anyio.abc import Process
 from app.tools.base import OUTPUT_LIMIT, Tool, ToolContext, ToolFailure
 from app.tools.workspace import optional_number, require_str
 
+SECRET_ENV = ("CAIRN_API_KEY", "OPENAI_API_KEY")
 DEFAULT_TIMEOUT = 120.0
 MAX_TIMEOUT = 600.0
 EXIT_GRACE = 1.0  # seconds to wait for end-of-output after the shell itself has exited
@@ -98,10 +102,16 @@ def _join(output: str, line: str) -> str:
     return output + line
 
 
+def command_environment() -> dict[str, str]:
+    """This process's environment without Cairn's API key (see the module docstring)."""
+    keys = {os.environ[name] for name in SECRET_ENV if os.environ.get(name)}
+    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV and v not in keys}
+
+
 async def run_command(args: dict[str, Any], ctx: ToolContext) -> str:
     command = require_str(args, "command")
     timeout = optional_number(args, "timeout", DEFAULT_TIMEOUT, minimum=1, maximum=MAX_TIMEOUT)
-    env = dict(os.environ)
+    env = command_environment()
     env["CAIRN_CALL_ID"] = ctx.call_id
     try:
         process = await anyio.open_process(
