@@ -313,3 +313,21 @@ async def test_cancelled_barrier_callers_leave_a_consistent_log(tmp_path, backen
 
     assert stored(store) == [encode_event(e) for e in first + more]
     assert [e.seq for e in live.events] == list(range(5))
+
+
+async def test_close_now_drains_synchronously_and_releases_the_lock(tmp_path, backend_name):
+    """The last-resort close without an event loop turn: queued events become durable and the session is free."""
+    store, _ = make_store(tmp_path, backend_name)
+    live = LiveSession(store.create("/w", "s"), window=LONG)  # never entered: no write-behind task to leave behind
+    appended = [live.append(e) for e in chunks(4)]
+
+    live.close_now()
+
+    assert stored(store) == [encode_event(e) for e in appended]
+    assert live.coordinator.queued == 0 and live.coordinator.durable_seq == appended[-1].seq
+    with pytest.raises(CoordinatorClosed):
+        await live.flush()
+    opened = store.open_for_resume("s")  # the lock was released
+    opened.writer.close()
+    opened.lock.release()
+    assert opened.events == appended

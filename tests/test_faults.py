@@ -73,6 +73,7 @@ class FaultyCommit:
     def __init__(self) -> None:
         self.armed = False
         self.fired = 0
+        self.inline_safe = True
 
     def arm(self) -> None:
         self.armed = True
@@ -81,6 +82,8 @@ class FaultyCommit:
         fault = self
 
         class FaultyConnection(sqlite3.Connection):
+            inline_safe = fault.inline_safe
+
             def execute(self, sql, *args):
                 if sql == "COMMIT" and fault.armed:
                     fault.armed = False
@@ -107,13 +110,17 @@ FAULTS = {
 class Rig:
     """A store whose backend has a fault seam, plus the knob to fire it."""
 
-    def __init__(self, home: Path, fault: str) -> None:
+    def __init__(self, home: Path, fault: str, io: str = "inline") -> None:
+        """`io`: "inline" lets the coordinator write on the event loop while the disk is fast (its default);
+        "thread" makes the seam inline-unsafe, so every write goes through a worker thread."""
         self.backend_name, self.op, self.code, self.partial = FAULTS[fault]
         if self.backend_name == "jsonl":
             self.ops = FaultyOps()
+            self.ops.inline_safe = io == "inline"
             self.store = SessionStore(home, JsonlBackend(home, ops=self.ops))
         else:
             self.commit = FaultyCommit()
+            self.commit.inline_safe = io == "inline"
             self.store = SessionStore(home, SqliteBackend(home, connect=self.commit.connect))
 
     def arm(self) -> None:
@@ -160,10 +167,14 @@ async def wait_until(condition, what: str, limit: float = 10.0) -> None:
         await anyio.sleep(0.002)
 
 
+IO_PATHS = ["inline", "thread"]
+
+
+@pytest.mark.parametrize("io", IO_PATHS)
 @pytest.mark.parametrize("prewritten", [False, True], ids=["queued", "written-not-durable"])
 @pytest.mark.parametrize("fault", list(FAULTS))
-async def test_failed_barrier_keeps_events_and_the_next_one_succeeds(tmp_path, fault, prewritten):
-    rig = Rig(tmp_path, fault)
+async def test_failed_barrier_keeps_events_and_the_next_one_succeeds(tmp_path, fault, prewritten, io):
+    rig = Rig(tmp_path, fault, io)
     async with LiveSession(rig.store.create("/w", "s"), window=0.005 if prewritten else LONG) as live:
         first = [live.append(e) for e in chunks(3)]
         if prewritten:  # let write-behind hand them to the OS (no fsync) before the failing barrier
@@ -193,9 +204,10 @@ async def test_failed_barrier_keeps_events_and_the_next_one_succeeds(tmp_path, f
     rig.assert_exactly(first + second + third)
 
 
+@pytest.mark.parametrize("io", IO_PATHS)
 @pytest.mark.parametrize("fault", ["jsonl-short-write-then-ENOSPC", "jsonl-write-EIO", "sqlite-commit"])
-async def test_failed_write_behind_is_retried_by_the_next_barrier(tmp_path, fault):
-    rig = Rig(tmp_path, fault)
+async def test_failed_write_behind_is_retried_by_the_next_barrier(tmp_path, fault, io):
+    rig = Rig(tmp_path, fault, io)
     async with LiveSession(rig.store.create("/w", "s"), window=0.005) as live:
         rig.arm()
         appended = [live.append(e) for e in chunks(4)]
