@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rich.markdown import Markdown as RichMarkdown
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
@@ -43,6 +44,18 @@ class AssistantText(Markdown):
     DEFAULT_CSS = "AssistantText { margin: 0 0 0 0; padding: 0 1; background: transparent; }"
 
 
+class SealedText(Static):
+    """Finished paragraphs of a long answer, rendered once by Rich (see Transcript._seal)."""
+
+    DEFAULT_CSS = "SealedText { padding: 0 1; }"
+
+    def __init__(self, markdown: str) -> None:
+        super().__init__(RichMarkdown(markdown))
+
+
+SEAL_AFTER = 4000  # characters of live Markdown before the finished paragraphs are sealed
+
+
 class Transcript(VerticalScroll):
     DEFAULT_CSS = "Transcript { height: 1fr; padding: 0 1; }"
 
@@ -53,20 +66,65 @@ class Transcript(VerticalScroll):
         self._assistant: AssistantText | None = None
         self._stream = None  # MarkdownStream of the answer being streamed
         self._streamed = ""
+        self._segment = ""  # the part of the answer still in the live Markdown widget
 
-    async def apply(self, event: AnyEvent, live: bool = True) -> None:
+    async def apply_many(self, events: list[AnyEvent]) -> None:
+        """Apply a batch of live events; consecutive chunks become one Markdown write, and the view scrolls once.
+        When the model streams faster than the screen renders, batches grow and the cost per token shrinks."""
+        deltas: list[str] = []
+        for event in events:
+            if isinstance(event, AssistantChunk):
+                deltas.append(event.delta)
+                continue
+            if deltas:
+                await self._write_delta("".join(deltas))
+                deltas = []
+            await self.apply(event, live=True, scroll=False)
+        if deltas:
+            await self._write_delta("".join(deltas))
+        self.scroll_end(animate=False)
+
+    async def _write_delta(self, text: str) -> None:
+        if self._stream is None:
+            self._assistant = AssistantText()
+            await self.mount(self._assistant)
+            self._stream = Markdown.get_stream(self._assistant)
+            self._segment = ""
+        self._streamed += text
+        self._segment += text
+        await self._stream.write(text)
+        if len(self._segment) > SEAL_AFTER:
+            await self._seal()
+
+    async def _seal(self) -> None:
+        """Move the finished paragraphs of a long streaming answer into one pre-rendered widget.
+
+        Textual lays out every Markdown block on each refresh, so a long answer streamed into one Markdown widget
+        makes every frame dearer (P6). Sealed text is laid out as a single widget; only the last paragraphs stay live.
+        """
+        cut = self._segment.rfind("\n\n")
+        head = self._segment[:cut]
+        if cut <= 0 or head.count("```") % 2:  # never split inside a code fence
+            return
+        tail = self._segment[cut + 2 :]
+        assert self._stream is not None and self._assistant is not None
+        await self._stream.stop()
+        await self.mount(SealedText(head), before=self._assistant)
+        await self._assistant.remove()
+        self._assistant = AssistantText()
+        await self.mount(self._assistant)
+        self._stream = Markdown.get_stream(self._assistant)
+        self._segment = tail
+        await self._stream.write(tail)
+
+    async def apply(self, event: AnyEvent, live: bool = True, scroll: bool = True) -> None:
         if isinstance(event, UserMessage):
             await self.mount(UserPrompt(f"> {event.text}", markup=False))
         elif isinstance(event, AssistantChunk):
-            if not live:
+            if live:
+                await self._write_delta(event.delta)
+            else:
                 self._streamed += event.delta
-                return
-            if self._stream is None:
-                self._assistant = AssistantText()
-                await self.mount(self._assistant)
-                self._stream = Markdown.get_stream(self._assistant)
-            self._streamed += event.delta
-            await self._stream.write(event.delta)
         elif isinstance(event, AssistantMessage):
             await self._finish_answer(event)
         elif isinstance(event, ApprovalAsked):
@@ -95,7 +153,7 @@ class Transcript(VerticalScroll):
                 notice = Notice(f"turn {event.turn} {event.reason}{detail}", markup=False)
                 notice.add_class("-error" if event.reason == "error" else "-warning")
                 await self.mount(notice)
-        if live:
+        if live and scroll:
             self.scroll_end(animate=False)
 
     async def _finish_answer(self, message: AssistantMessage | None) -> None:

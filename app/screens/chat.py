@@ -8,6 +8,7 @@ the transcript applies them exactly as it applies history.
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -43,6 +44,12 @@ WELCOME = (
 )
 
 
+# Events reach the screen at most this often (seconds): a fast stream then costs one render per frame, not per token,
+# so drawing never slows the model's stream down (P6 in docs/benchmarks.md).
+UI_FRAME = 1 / 25
+MAX_FRAME = 0.5
+
+
 def tool_safety(name: str) -> str:
     tool = ToolRegistry(builtin_tools()).get(name)
     return tool.safety if tool else "?"
@@ -60,10 +67,8 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+q", "app.quit", "Quit", priority=True),
     ]
 
-    class SessionEvent(Message):
-        def __init__(self, event: AnyEvent) -> None:
-            super().__init__()
-            self.event = event
+    class EventsReady(Message):
+        """New session events wait in `_incoming`; one message however many arrived (coalesced)."""
 
     def __init__(self, session: LiveSession, config: Config, provider: Provider) -> None:
         super().__init__()
@@ -76,6 +81,10 @@ class ChatScreen(Screen[None]):
         self._stop = asyncio.Event()
         self._agent_ready = asyncio.Event()
         self._worker: Any = None
+        self._incoming: list[AnyEvent] = []
+        self._drain_posted = False
+        self._frame = UI_FRAME
+        self._due = 0.0
 
     def compose(self) -> ComposeResult:
         yield Transcript(safety_of=tool_safety, id="transcript")
@@ -97,7 +106,7 @@ class ChatScreen(Screen[None]):
         if not self.session.events:
             await transcript.mount(Notice(WELCOME.format(id=self.session.id, provider=self.provider.name)))
         transcript.scroll_end(animate=False)
-        self.session.subscribe(lambda event: self.post_message(self.SessionEvent(event)))
+        self.session.subscribe(self._on_session_event)
         self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
         if self.session.repaired or calls_awaiting_verdict(self.session.events):
             self.resume_pending = True
@@ -125,11 +134,22 @@ class ChatScreen(Screen[None]):
 
     # -- events -----------------------------------------------------------------------------------------------------
 
-    @on(SessionEvent)
-    async def show_event(self, message: SessionEvent) -> None:
-        event = message.event
-        await self.query_one(Transcript).apply(event)
-        if isinstance(event, (TurnStart, TurnEnd)):
+    def _on_session_event(self, event: AnyEvent) -> None:
+        """Session listener (runs in the agent worker): queue the event; one message per frame drains the batch."""
+        self._incoming.append(event)
+        if not self._drain_posted:
+            self._drain_posted = True
+            self._due = time.perf_counter() + self._frame
+            self.set_timer(self._frame, lambda: self.post_message(self.EventsReady()))
+
+    @on(EventsReady)
+    async def show_events(self) -> None:
+        self._drain_posted = False
+        events, self._incoming = self._incoming, []
+        started = time.perf_counter()
+        await self.query_one(Transcript).apply_many(events)
+        self._pace_frames(lateness=started - self._due, cost=time.perf_counter() - started)
+        if any(isinstance(e, (TurnStart, TurnEnd)) for e in events):
             self._refresh_activity()
 
     @on(PersistenceService.DurabilityChanged)
@@ -137,6 +157,11 @@ class ChatScreen(Screen[None]):
         self.query_one(StatusBar).show_durability(message.state, message.durable_seq, message.error)
         if message.state == "failed":
             self.notify(f"Checkpoint failed: {message.error}", severity="error", timeout=8)
+
+    def _pace_frames(self, lateness: float, cost: float) -> None:
+        """A long transcript makes each frame dearer (Textual's layout grows with it), and that shows as this drain
+        running late: space frames out by as much, so drawing never crowds out the model's stream and the tools."""
+        self._frame = min(MAX_FRAME, max(UI_FRAME, 2 * (max(0.0, lateness) + cost)))
 
     def report(self, text: str) -> None:
         self.notify(text, severity="error", timeout=8)
