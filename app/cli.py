@@ -141,7 +141,13 @@ def dispatch(args: argparse.Namespace) -> int:
     if command == "show":
         return show_command(args, config_from(args))
     if command == "acp":
-        return fail("the ACP agent is not available in this build yet", EXIT_USAGE)
+        try:
+            from .acp_serve import run_acp
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] not in ("acp", "pydantic", "pydantic_core"):
+                raise
+            return fail("the ACP agent needs the agent-client-protocol package: reinstall Cairn (pip install -e .)", EXIT_USAGE)
+        return run_acp(config_from(args))
     return tui_command(args, config_from(args))
 
 

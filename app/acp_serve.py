@@ -1,0 +1,150 @@
+"""`cairn acp`: serve the ACP agent over stdin/stdout until the client goes away or a signal asks us to stop.
+
+stdout carries nothing but protocol. Logs go to stderr, and once the protocol stream holds the real stdout, `sys.stdout`
+is pointed at stderr, so a stray print anywhere cannot corrupt the stream.
+
+Shutdown is ordered, whatever starts it (stdin EOF: the client closed the pipe or died; SIGTERM or SIGINT): every
+session stops its running turn the way `session/cancel` does and waits until the real `step/end`/`turn/end` are
+written, then its checkpoint policy is removed, then its log is flushed, closed and unlocked (acp_session.py). On a
+signal the connection stays open until the cancelled prompts are answered, so a client still listening gets
+`cancelled`; on EOF nobody is listening, and the sessions just close. Either way a later `cairn show` finds a log that
+ends in a real `turn/end` with reason `cancelled`, not one that needs repair.
+
+Malformed input: the package's reader logs and skips a line that is not JSON, and its receive loop dies on a line
+that is JSON but not an object (or has an id that is not a string or a number), which would end the agent. JSON-RPC
+2.0 asks for an answer instead (-32700 Parse error / -32600 Invalid Request, with id null), so every line passes
+through `LineScreen` first: it answers those lines itself and hands the rest to the package unchanged. Everything
+else (routing, unknown methods -32601, bad params -32602) is the package's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import stat
+import sys
+from typing import Any
+
+import acp
+import anyio
+from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
+
+from .acp_agent import CairnAgent
+from .config import Config, ConfigError, make_provider
+
+log = logging.getLogger("cairn.acp")
+
+PARSE_ERROR, INVALID_REQUEST = -32700, -32600
+
+
+def run_acp(config: Config) -> int:
+    """Entry point of `cairn acp`. A bad provider configuration fails here, as one line and exit code 2 (raised to the
+    CLI), before any client talks to us."""
+    make_provider(config)
+    check_stdio()
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="cairn acp: %(levelname)s %(message)s")
+    anyio.run(serve, config)
+    return 0
+
+
+def check_stdio() -> None:
+    """asyncio can stream only pipes, sockets and terminals: say so in one line rather than with a traceback."""
+    for stream in (sys.stdin, sys.stdout):
+        try:
+            fd = stream.fileno()
+            mode = os.fstat(fd).st_mode
+        except (AttributeError, OSError, ValueError):
+            fd, mode = -1, 0
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (fd >= 0 and os.isatty(fd))):
+            raise ConfigError(
+                "cairn acp speaks the Agent Client Protocol over stdin/stdout pipes; start it from an ACP client "
+                "(Zed, Toad), not with a file as its input or output"
+            )
+
+
+async def serve(config: Config) -> None:
+    stdin, stdout = await acp.stdio_streams(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
+    sys.stdout = sys.stderr  # the real stdout now belongs to the protocol stream
+    screened = asyncio.StreamReader(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
+    screen = LineScreen(stdin, screened, stdout)
+    async with anyio.create_task_group() as helpers:
+        helpers.start_soon(screen.run)
+        async with anyio.create_task_group() as hosts:
+            agent = CairnAgent(config, hosts)
+            helpers.start_soon(stop_on_signal, agent, screen)
+            try:
+                await acp.run_agent(agent, stdout, screened)  # returns at end of input
+            except Exception:
+                log.exception("the connection failed")
+            finally:
+                await agent.shutdown()
+        helpers.cancel_scope.cancel()
+    log.info("stopped")
+
+
+async def stop_on_signal(agent: CairnAgent, screen: "LineScreen") -> None:
+    """The first SIGTERM/SIGINT starts the ordered shutdown; later ones are ignored rather than allowed to cut it short
+    (the receiver stays open until the very end)."""
+    stopping = False
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if stopping:
+                continue
+            stopping = True
+            log.info("%s: stopping every session", signal.Signals(signum).name)
+            await agent.shutdown()  # turns cancelled and closed, logs closed, prompts answered
+            screen.end()  # then end the input, as an EOF would: the connection closes after its last answer
+
+
+class LineScreen:
+    """Reads protocol lines from stdin, answers the ones that are not JSON-RPC messages, forwards the rest."""
+
+    def __init__(self, source: asyncio.StreamReader, sink: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+        self.source, self.sink, self.out = source, sink, out
+        self._ended = False
+
+    async def run(self) -> None:
+        try:
+            while not self._ended:
+                try:
+                    line = await self.source.readline()
+                except ValueError:  # longer than the buffer limit; what follows of it is answered as another bad line
+                    self._answer(PARSE_ERROR, "Parse error: message too large")
+                    continue
+                if not line:
+                    break
+                problem = check_line(line)
+                if problem is None:
+                    self.sink.feed_data(line)
+                elif problem[0]:
+                    self._answer(*problem)
+        finally:
+            self.end()
+
+    def end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self.sink.feed_eof()
+
+    def _answer(self, code: int, message: str) -> None:
+        # One whole line per write(): the package's sender writes whole lines too, so lines never interleave.
+        error = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+        self.out.write((json.dumps(error) + "\n").encode())
+
+
+def check_line(line: bytes) -> tuple[int, str] | None:
+    """None for a line the package can handle; otherwise the error to answer (code 0: skip silently, a blank line)."""
+    if not line.strip():
+        return (0, "")
+    try:
+        message: Any = json.loads(line)
+    except ValueError as e:
+        return (PARSE_ERROR, f"Parse error: {e}")
+    if not isinstance(message, dict):
+        return (INVALID_REQUEST, "Invalid Request: a JSON-RPC message must be a JSON object")
+    if "id" in message and not isinstance(message["id"], (str, int, float, type(None))):
+        return (INVALID_REQUEST, "Invalid Request: id must be a string, a number or null")
+    return None

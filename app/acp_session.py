@@ -1,0 +1,240 @@
+"""One ACP session: a Cairn session composed exactly as every other face composes it, plus the bridge to the client.
+
+The pieces form one ordered unit, entered in the session's own task and torn down in reverse (an AsyncExitStack):
+
+    enter:  update pump  →  persistence → policy → loop (`open_agent`)  →  bridge attached to the loop's events
+    leave:  the bridge refuses new prompts; the loop drops queued prompts, cancels the running turn and waits until
+            its real `step/end` and `turn/end` are written; the policy's hooks are removed; persistence flushes,
+            closes and unlocks the log; prompts that never ran are answered `cancelled`; the pump sends the last
+            updates (those describing the cancelled turn) and stops.
+
+The pump is outermost because it only talks to the client: the updates that describe the closing events must go out
+after those events exist, and nothing it does touches the log.
+
+Why a task per session: the loop and the pump own task groups, which must be left in the task that entered them, while
+protocol handlers run in short-lived tasks of the connection. So the session lives in a host task of its own
+(`SessionHost.serve`) and handlers talk to it.
+
+Why turns run on the loop's own queue (`loop.submit`) and not inside the `session/prompt` handler: the connection
+cancels its handler tasks when the client goes away, and a turn cancelled that way (a bare task cancellation, not the
+loop's cancel scope) would skip the loop's closing events. Here every turn ends through `loop.cancel()` or by itself, so
+a disconnect ends it exactly as `session/cancel` or the TUI's cancel key does: `turn/end` with reason `cancelled`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
+
+from persistence.events import AnyEvent, Decision
+from persistence.store import OpenedSession
+
+from .acp_updates import live_updates, tool_kind, tool_title
+from .approval import ApprovalRequest
+from .compose import Agent, open_agent
+from .config import Config
+from .loop import TurnResult
+
+log = logging.getLogger("cairn.acp")
+
+CLOSE_GRACE = 5.0  # seconds the pump may spend sending the last updates at shutdown (a client may have stopped reading)
+
+PERMISSION_OPTIONS = [
+    PermissionOption(option_id="allow_once", name="Allow once", kind="allow_once"),
+    PermissionOption(option_id="allow_always", name="Allow for this session", kind="allow_always"),
+    PermissionOption(option_id="reject_once", name="Deny", kind="reject_once"),
+]
+DECISIONS: dict[str, Decision] = {"allow_once": "allowed_once", "allow_always": "allowed_session",
+                                  "reject_once": "denied"}
+
+
+class UpdatePump:
+    """Sends one session's updates to the client, in order, from one task.
+
+    Event listeners are synchronous, so they queue updates here; `drain()` then promises "everything queued so far has
+    reached the connection" where order matters: before a prompt is answered, before a permission request about a tool
+    call the client must already know, and after a load's replay. Once the client is gone, updates are dropped.
+    """
+
+    def __init__(self, conn: Any, session_id: str) -> None:
+        self.conn, self.session_id = conn, session_id
+        self._send, self._receive = anyio.create_memory_object_stream[Any](math.inf)
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._finished = anyio.Event()
+        self._client_gone = False
+
+    def put(self, update: Any) -> None:
+        try:
+            self._send.send_nowait(update)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the session is closing and its pump has stopped
+
+    async def drain(self) -> None:
+        done = anyio.Event()
+        try:
+            self._send.send_nowait(done)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return
+        await done.wait()
+
+    async def _run(self) -> None:
+        try:
+            async for item in self._receive:
+                if isinstance(item, anyio.Event):
+                    item.set()
+                elif not self._client_gone:
+                    try:
+                        await self.conn.session_update(session_id=self.session_id, update=item)
+                    except Exception as e:  # ConnectionError once the client has gone away
+                        self._client_gone = True
+                        log.info("session %s: the client no longer receives updates (%s)", self.session_id, e)
+        finally:
+            self._finished.set()
+            while True:  # cut short: release anyone still waiting in drain()
+                try:
+                    item = self._receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+                if isinstance(item, anyio.Event):
+                    item.set()
+
+    async def __aenter__(self) -> "UpdatePump":
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
+        self._tasks.start_soon(self._run)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._tasks is not None
+        self._send.close()
+        with anyio.move_on_after(CLOSE_GRACE):
+            await self._finished.wait()
+        self._tasks.cancel_scope.cancel()
+        await self._tasks.__aexit__(None, None, None)
+
+
+@dataclass
+class _Waiter:
+    """A `session/prompt` waiting for its turn's result (None: the session closed before the turn ran)."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: TurnResult | None = None
+
+
+class SessionHost:
+    def __init__(self, conn: Any, config: Config, opened: OpenedSession) -> None:
+        self.conn = conn
+        self.config = config  # its workspace is the ACP session's cwd
+        self.opened = opened
+        self.id = opened.header.id
+        self.pump = UpdatePump(conn, self.id)
+        self.agent: Agent | None = None
+        self.closing = False
+        self.closed = anyio.Event()
+        self._stop = anyio.Event()
+        self._waiting: deque[_Waiter] = deque()  # in submission order, which is the loop's order
+
+    # -- lifecycle --------------------------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The session's whole life (see the module docstring). Reports readiness once the loop is mounted; failures
+        before that are raised to whoever started it, failures after are logged (one session must not end the rest)."""
+        started = False
+        try:
+            async with AsyncExitStack() as stack:
+                await stack.enter_async_context(self.pump)
+                stack.callback(self._answer_waiting)
+                agent = await stack.enter_async_context(
+                    open_agent(self.config, opened=self.opened, approver=self._approve, report=self._report)
+                )
+                agent.session.subscribe(self._on_event)
+                agent.loop.on_turn_result.append(self._on_turn_result)
+                self.agent = agent
+                task_status.started(self)
+                started = True
+                await self._stop.wait()
+        except Exception:
+            if not started:
+                raise
+            log.exception("session %s did not close cleanly", self.id)
+        finally:
+            self.closed.set()
+
+    def stop(self) -> None:
+        """Begin the ordered teardown; `closed` is set when it is complete."""
+        self.closing = True
+        self._stop.set()
+
+    # -- what protocol handlers call --------------------------------------------------------------------------------
+
+    async def run_turn(self, prompt: str) -> TurnResult | None:
+        """Queue a turn, wait for its result and for the updates it caused to be sent. None: it never ran."""
+        if self.closing or self.agent is None:
+            return None
+        waiter = _Waiter()
+        self._waiting.append(waiter)
+        self.agent.loop.submit(prompt)
+        await waiter.done.wait()
+        await self.pump.drain()
+        return waiter.result
+
+    def cancel(self) -> None:
+        """`session/cancel`: the running turn ends `cancelled` through the loop, as in the TUI."""
+        if self.agent is not None:
+            self.agent.loop.cancel()
+
+    async def replay(self, updates: list[Any]) -> None:
+        for update in updates:
+            self.pump.put(update)
+        await self.pump.drain()
+
+    # -- bridge -----------------------------------------------------------------------------------------------------
+
+    def _on_event(self, event: AnyEvent) -> None:
+        for update in live_updates(event, self.config.workspace):
+            self.pump.put(update)
+
+    def _on_turn_result(self, result: TurnResult) -> None:
+        if self._waiting:
+            waiter = self._waiting.popleft()
+            waiter.result = result
+            waiter.done.set()
+
+    def _answer_waiting(self) -> None:
+        while self._waiting:
+            self._waiting.popleft().done.set()
+
+    async def _approve(self, request: ApprovalRequest) -> Decision:
+        """Ask the client (`session/request_permission`); the loop records approval/asked and approval/decided.
+
+        A client that dismisses the request (outcome `cancelled`) or has gone away cancels the turn, as the TUI's
+        cancel does from its approval prompt; a client that answers with an error or an unknown option denies."""
+        await self.pump.drain()  # the client has the `tool_call` this request refers to
+        tool_call = ToolCallUpdate(
+            tool_call_id=request.call_id, title=tool_title(request.name, request.arguments),
+            kind=tool_kind(request.name), status="pending", raw_input=request.arguments,
+        )
+        try:
+            response = await self.conn.request_permission(
+                session_id=self.id, tool_call=tool_call, options=PERMISSION_OPTIONS
+            )
+        except ConnectionError:
+            return "cancelled"
+        except Exception as e:
+            log.warning("session %s: permission request for %s failed (%s); denied", self.id, request.call_id, e)
+            return "denied"
+        outcome = response.outcome
+        if isinstance(outcome, AllowedOutcome):
+            return DECISIONS.get(outcome.option_id, "denied")
+        return "cancelled"
+
+    def _report(self, message: str) -> None:
+        log.warning("session %s: %s", self.id, message)
