@@ -50,9 +50,11 @@ class PersistenceService(Widget):
         if self.closed:
             raise CheckpointFailed(CoordinatorClosed())
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # "writing" goes into this widget's queue *ahead of* the barrier, so it reaches the status bar while the flush
+        # runs (posted after it, it would wait behind the flush and be overwritten at once by "durable").
+        self.post_message(self.DurabilityChanged("writing", self.session.coordinator.durable_seq))
         if not self.post_message(self.Barrier(future)):
             raise CheckpointFailed(CoordinatorClosed())
-        self.post_message(self.DurabilityChanged("writing", self.session.coordinator.durable_seq))
         await future
 
     async def on_persistence_service_barrier(self, message: Barrier) -> None:

@@ -42,9 +42,9 @@ class ApprovalModal(ModalScreen[str]):
             yield Label(f"Allow [b]{r.name}[/b]? ({r.safety.replace('_', '-')})")
             yield Static(json.dumps(r.arguments, indent=2, ensure_ascii=False), id="arguments", markup=False)
             with Horizontal():
-                yield Button("Allow once [a]", id="allowed_once", variant="primary")
-                yield Button("Allow for session [s]", id="allowed_session")
-                yield Button("Deny [d]", id="denied", variant="error")
+                yield Button(r"Allow once \[a]", id="allowed_once", variant="primary")
+                yield Button(r"Allow for session \[s]", id="allowed_session")
+                yield Button(r"Deny \[d]", id="denied", variant="error")
 
     def on_mount(self) -> None:
         self.query_one("#allowed_once", Button).focus()

@@ -17,6 +17,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
+from textual.widget import MountError
 from textual.widgets import Footer, Static
 
 from app.approval import ApprovalRequest
@@ -146,8 +147,18 @@ class ChatScreen(Screen[None]):
     async def show_events(self) -> None:
         self._drain_posted = False
         events, self._incoming = self._incoming, []
+        # The ordered quit's closing events can reach the screen while the exiting app takes it apart (before or
+        # during this drain): they are on disk already; there is nothing left to show them on.
+        transcript = next(iter(self.query(Transcript)), None)
+        if transcript is None or not transcript.is_attached:
+            return
         started = time.perf_counter()
-        await self.query_one(Transcript).apply_many(events)
+        try:
+            await transcript.apply_many(events)
+        except MountError:
+            if transcript.is_attached:
+                raise
+            return
         self._pace_frames(lateness=started - self._due, cost=time.perf_counter() - started)
         if any(isinstance(e, (TurnStart, TurnEnd)) for e in events):
             self._refresh_activity()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -108,7 +109,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             yield Static(context, id="context", markup=False)
             yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
             yield Static("", id="told", markup=False)
-            yield Button("Continue to the chat [c]", id="continue", variant="primary")
+            yield Button(r"Continue to the chat \[c]", id="continue", variant="primary")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -121,9 +122,12 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         self._show_told(0)
 
     @staticmethod
-    def _cells(call: RecoveredCall) -> tuple[str, ...]:
+    def _cells(call: RecoveredCall) -> tuple[Text, ...]:
+        """As `Text`, never markup: a plain string cell would be parsed as markup, and arguments from the model
+        (`ls [/tmp]`) would be mangled or crash the screen."""
         verdict = call.verdict or ("— (press v)" if call.status == "OUTCOME_UNKNOWN" else "")
-        return (call.tool, summarize_arguments(call.arguments, 40), call.safety, call.status, verdict, call.call_id)
+        cells = (call.tool, summarize_arguments(call.arguments, 40), call.safety, call.status, verdict, call.call_id)
+        return tuple(Text(cell) for cell in cells)
 
     def _show_told(self, row: int) -> None:
         if 0 <= row < len(self.calls):
@@ -146,7 +150,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             if result is None:
                 return
             call.verdict, call.note = result
-            table.update_cell(call.call_id, self._verdict_column, call.verdict)
+            table.update_cell(call.call_id, self._verdict_column, Text(call.verdict))
 
         self.app.push_screen(VerdictDialog(call.call_id, call.tool), record)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -82,8 +83,9 @@ class SessionsScreen(Screen[SessionChoice | None]):
             status = "live-locked" if s.status == "live" else s.status
             if s.id == self.current:
                 status = "open here"
-            table.add_row(first_line(s.first_prompt, 40) or "—", status, str(s.events), format_time(s.updated),
-                          s.cwd, s.id, key=s.id)
+            prompt = first_line(s.first_prompt, 40) or "—"
+            cells = (prompt, status, str(s.events), format_time(s.updated), s.cwd, s.id)
+            table.add_row(*(Text(cell) for cell in cells), key=s.id)  # Text: a prompt's `[/x]` is not markup
         table.focus()
 
     def _selected(self) -> SessionSummary | None:

@@ -6,6 +6,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, RadioButton, RadioSet
 
@@ -32,14 +33,15 @@ class VerdictDialog(ModalScreen[tuple[str, str] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Did [b]{self.tool}[/b] ({self.call_id}) take effect?")
+            # escaped: a call id comes from the model, and `[/x]` in it would be taken for markup
+            yield Label(f"Did [b]{escape(self.tool)}[/b] ({escape(self.call_id)}) take effect?")
             with RadioSet(id="verdict"):
                 for i, (value, label) in enumerate(VERDICTS):
                     yield RadioButton(label, value=(i == 0), id=value)
             yield Input(placeholder="optional note for the model (what you checked)", id="note")
             with Horizontal():
-                yield Button("Record [enter]", id="record", variant="primary")
-                yield Button("Cancel [esc]", id="cancel")
+                yield Button(r"Record \[enter]", id="record", variant="primary")
+                yield Button(r"Cancel \[esc]", id="cancel")
 
     def on_mount(self) -> None:
         self.query_one(RadioSet).focus()

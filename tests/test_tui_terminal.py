@@ -1,0 +1,142 @@
+"""The TUI in a real terminal (tmux): start `cairn`, approve a command, SIGKILL the process while the command runs, then
+`cairn resume ID` and read the screen back with `capture-pane`.
+
+The model's one response asks for two side-effecting calls: the first (approved) writes a marker and sleeps, so the
+kill lands while it runs — OUTCOME_UNKNOWN after repair; the second never got as far as its approval — NOT_STARTED.
+Both must be on screen before any new turn can start, and keys typed meanwhile must not start one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent_helpers import write_script
+from persistence.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, ToolResult, TurnEnd
+from persistence.store import SessionStore
+from tui_helpers import types_of, wait_sync
+
+CAIRN = str(Path(sys.executable).parent / "cairn")
+WAIT = 20.0  # seconds: generous for a loaded CI machine; the normal case is a second or two
+WIDTH, HEIGHT = 140, 36
+
+
+
+class Tmux:
+    """One private tmux server (its own socket), so parallel or leftover runs never collide."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        assert shutil.which("tmux"), "this test needs tmux (apt-get install tmux)"
+        self.socket = f"cairn-test-{secrets.token_hex(4)}"
+        self.env = env
+
+    def __call__(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args], env=self.env,
+                              capture_output=True, text=True, timeout=10)
+        assert done.returncode == 0, f"tmux {' '.join(args)} failed: {done.stderr}"
+        return done.stdout
+
+    def start(self, name: str, cwd: Path, command: str) -> int:
+        """A detached session running `command` (exec'd, so the pane's pid is the program's); returns that pid."""
+        self("new-session", "-d", "-s", name, "-x", str(WIDTH), "-y", str(HEIGHT), "-c", str(cwd), f"exec {command}")
+        self("set-option", "-t", name, "remain-on-exit", "on")  # a crash stays readable on screen
+        return int(self("display-message", "-p", "-t", name, "#{pane_pid}").strip())
+
+    def screen(self, name: str) -> str:
+        return self("capture-pane", "-p", "-t", name)
+
+    def wait_screen(self, name: str, *needles: str, timeout: float = WAIT) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.screen(name)
+            if all(n in text for n in needles):
+                return text
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {needles} on screen {name}; it shows:\n{text}")
+            time.sleep(0.05)
+
+    def kill_server(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], env=self.env, capture_output=True, timeout=10)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_any_new_turn(tmp_path):
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    ws.mkdir()
+    marker = tmp_path / "marker"
+    marker.write_text("")  # exists empty from the start: only its contents say the command began
+    script = write_script(tmp_path / "script.json", [{
+        "text": "Deploying, then recording it.",
+        "tool_calls": [
+            {"name": "run_command", "arguments": {"command": f"printf 'started %s\\n' $$ > {marker}; sleep 60"}},
+            {"name": "run_command", "arguments": {"command": "printf done > second.txt"}},
+        ],
+    }])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "TERM": "xterm-256color", "CAIRN_HOME": str(home)}
+    cairn = f"{CAIRN} --provider script --script {script}"
+    tmux = Tmux(env)
+    command_pid = None
+    try:
+        pid = tmux.start("first", ws, cairn)
+        assert "cairn" in Path(f"/proc/{pid}/cmdline").read_text()
+        tmux.wait_screen("first", "New session")
+        tmux("send-keys", "-t", "first", "deploy it", "Enter")
+        tmux.wait_screen("first", "Allow run_command?")
+        tmux("send-keys", "-t", "first", "a")
+
+        started = wait_sync(lambda: re.fullmatch(r"started (\d+)\n", marker.read_text()), "the command to start",
+                            WAIT)
+        command_pid = int(started.group(1))
+        os.kill(pid, signal.SIGKILL)
+        wait_sync(lambda: not alive(pid), "cairn to die", WAIT)
+
+        listed = subprocess.run([CAIRN, "sessions", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        assert listed.returncode == 0, listed.stderr
+        [summary] = [json.loads(line) for line in listed.stdout.splitlines()]
+        session_id = summary["id"]
+        assert summary["status"] == "interrupted"
+        store = SessionStore(home)
+        assert types_of(store.backend.load(session_id).events)[-1] == "tool/call"  # killed mid-call: no repair yet
+
+        tmux.start("resume", ws, f"{CAIRN} resume {session_id} --provider script --script {script}")
+        screen = tmux.wait_screen("resume", "OUTCOME_UNKNOWN", "NOT_STARTED")
+        assert "was interrupted" in screen and "run_command" in screen
+
+        # keys typed now reach the resume screen, not the prompt: no turn can start behind it
+        tmux("send-keys", "-t", "resume", "hello", "Enter")
+        time.sleep(0.5)
+        events = store.backend.load(session_id).events
+        assert types_of(events).count("turn/start") == 1
+        assert isinstance(events[-1], TurnEnd) and events[-1].reason == "interrupted"
+        codes = [e.error_code for e in events if isinstance(e, ToolResult)]
+        assert codes == [TOOL_OUTCOME_UNKNOWN, TOOL_NOT_STARTED]
+        assert not (ws / "second.txt").exists()
+        assert "OUTCOME_UNKNOWN" in tmux.screen("resume")  # still the resume screen
+
+        tmux("send-keys", "-t", "resume", "C-q")  # ordered quit: the lock is released, nothing else is written
+        wait_sync(lambda: "Pane is dead" in tmux.screen("resume") or not alive(int(tmux(
+            "display-message", "-p", "-t", "resume", "#{pane_pid}").strip())), "cairn resume to quit", WAIT)
+        assert types_of(store.backend.load(session_id).events) == types_of(events)
+    finally:
+        tmux.kill_server()
+        if command_pid is not None:
+            try:
+                os.killpg(command_pid, signal.SIGKILL)  # the orphaned `sleep 60` (its own process group)
+            except ProcessLookupError:
+                pass
