@@ -121,8 +121,8 @@ def test_failed_barrier_notice(snap_compare, tmp_path):
                        "the red notice")
         await wait_for(pilot, lambda: "idle" in status(app), "the failed turn to end")
         assert app.provider.requests_served == 0
-        raised = [n.message for n in app._notifications]
-        assert any(m.startswith("Checkpoint failed:") for m in raised), raised
+        raised = [(n.title, n.message) for n in app._notifications]
+        assert any(title == "Checkpoint failed" for title, _ in raised), raised
         app.clear_notifications()  # the toasts stack over the status bar; the picture is about the bar
 
     def heal() -> None:

@@ -25,7 +25,7 @@ from app.compose import Agent, mount_agent
 from app.config import Config
 from app.loop import TurnResult
 from app.providers.base import Provider
-from app.tools.registry import ToolRegistry, builtin_tools
+from app.tools.registry import builtin_safety
 from persistence.events import AnyEvent, RecoveryVerdict, TurnEnd, TurnStart
 from persistence.repair import calls_awaiting_verdict
 from persistence.session import LiveSession
@@ -49,11 +49,6 @@ WELCOME = (
 # so drawing never slows the model's stream down (P6 in docs/benchmarks.md).
 UI_FRAME = 1 / 25
 MAX_FRAME = 0.5
-
-
-def tool_safety(name: str) -> str:
-    tool = ToolRegistry(builtin_tools()).get(name)
-    return tool.safety if tool else "?"
 
 
 class ChatScreen(Screen[None]):
@@ -84,11 +79,12 @@ class ChatScreen(Screen[None]):
         self._worker: Any = None
         self._incoming: list[AnyEvent] = []
         self._drain_posted = False
+        self._failure_shown = False
         self._frame = UI_FRAME
         self._due = 0.0
 
     def compose(self) -> ComposeResult:
-        yield Transcript(safety_of=tool_safety, id="transcript")
+        yield Transcript(safety_of=lambda name: builtin_safety(name) or "?", id="transcript")
         yield Static("", id="queue", markup=False)
         yield PromptInput(id="prompt")
         yield StatusBar(id="status")
@@ -167,7 +163,11 @@ class ChatScreen(Screen[None]):
     def show_durability(self, message: PersistenceService.DurabilityChanged) -> None:
         self.query_one(StatusBar).show_durability(message.state, message.durable_seq, message.error)
         if message.state == "failed":
-            self.notify(f"Checkpoint failed: {message.error}", severity="error", timeout=8)
+            if not self._failure_shown:  # one toast per run of failures, so the red status bar stays readable
+                self._failure_shown = True
+                self.notify(str(message.error), title="Checkpoint failed", severity="error", timeout=8, markup=False)
+        elif message.state == "durable":
+            self._failure_shown = False
 
     def _pace_frames(self, lateness: float, cost: float) -> None:
         """A long transcript makes each frame dearer (Textual's layout grows with it), and that shows as this drain
@@ -175,7 +175,10 @@ class ChatScreen(Screen[None]):
         self._frame = min(MAX_FRAME, max(UI_FRAME, 2 * (max(0.0, lateness) + cost)))
 
     def report(self, text: str) -> None:
-        self.notify(text, severity="error", timeout=8)
+        """The policy's channel for failures it contains (a turn-end barrier that did not make it)."""
+        if not self.is_attached:
+            return
+        self.notify(text, severity="error", timeout=8, markup=False)
         self.query_one(StatusBar).failed = True
 
     def _turn_finished(self, result: TurnResult) -> None:

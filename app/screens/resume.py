@@ -29,9 +29,11 @@ from persistence.events import (
     TurnStart,
     UserMessage,
 )
+from app.tools.registry import builtin_safety
 from persistence.repair import recovered_calls
 
 from .verdict import VerdictDialog
+
 
 
 @dataclass
@@ -71,7 +73,7 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
             call_id=r.call_id,
             tool=call.name if call else (request.name if request else "?"),
             arguments=call.arguments if call else (request.arguments if request else {}),
-            safety=call.safety if call else "—",
+            safety=call.safety if call else (builtin_safety(request.name if request else "") or "—"),
             status="OUTCOME_UNKNOWN" if r.error_code == TOOL_OUTCOME_UNKNOWN else "NOT_STARTED",
             told=r.content.split(": ", 1)[-1],
         ))

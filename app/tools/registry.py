@@ -19,6 +19,12 @@ def builtin_tools() -> list[Tool]:
     return [LIST_DIR, READ_FILE, SEARCH_TEXT, WRITE_FILE, EDIT_FILE, RUN_COMMAND]
 
 
+def builtin_safety(name: str) -> str | None:
+    """The safety class of a built-in tool, for displays that know only a name (None for other tools)."""
+    tool = next((t for t in builtin_tools() if t.name == name), None)
+    return tool.safety if tool else None
+
+
 class ToolRegistry:
     """Tools by name. Starts empty unless given tools; `ToolRegistry.default()` holds the built-ins."""
 
