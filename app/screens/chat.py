@@ -40,9 +40,9 @@ from .resume import ResumeScreen, recovered_from
 
 WELCOME = (
     "New session {id} ({provider}). Type a prompt: Enter sends, Ctrl+J adds a line, Esc cancels a running turn, "
-    "Ctrl+O lists sessions, Ctrl+Q quits. With the demo model try: list files · read README.md · "
-    "write notes.txt: hello · run ls"
+    "Ctrl+O lists sessions, Ctrl+Q quits."
 )
+DEMO_HINT = " The offline demo model understands: list files · read README.md · write notes.txt: hello · run ls"
 
 
 # Events reach the screen at most this often (seconds): a fast stream then costs one render per frame, not per token,
@@ -101,7 +101,9 @@ class ChatScreen(Screen[None]):
         for event in self.session.events:
             await transcript.apply(event, live=False)
         if not self.session.events:
-            await transcript.mount(Notice(WELCOME.format(id=self.session.id, provider=self.provider.name)))
+            hint = DEMO_HINT if self.provider.name == "demo" else ""
+            welcome = WELCOME.format(id=self.session.id, provider=self.provider.name) + hint
+            await transcript.mount(Notice(welcome, markup=False))
         transcript.scroll_end(animate=False)
         self.session.subscribe(self._on_session_event)
         self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
