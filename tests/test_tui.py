@@ -406,7 +406,7 @@ async def test_sessions_screen_lists_sessions_and_refuses_to_open_a_live_locked_
             assert set(rows) == {"older", "held"}
             assert rows["held"][:3] == ["someone else's session", "live-locked", "7"]
             assert rows["older"][:3] == ["list the files", "completed", "7"]
-            assert rows["older"][4] == "/workspace"
+            assert rows["older"][4:] == ["older", "/workspace"]
 
             table.move_cursor(row=table.get_row_index("held"))
             await pilot.press("enter")

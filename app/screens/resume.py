@@ -128,7 +128,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         """As `Text`, never markup: a plain string cell would be parsed as markup, and arguments from the model
         (`ls [/tmp]`) would be mangled or crash the screen."""
         verdict = call.verdict or ("— (press v)" if call.status == "OUTCOME_UNKNOWN" else "")
-        cells = (call.tool, summarize_arguments(call.arguments, 40), call.safety, call.status, verdict, call.call_id)
+        cells = (call.tool, summarize_arguments(call.arguments, 28), call.safety, call.status, verdict, call.call_id)
         return tuple(Text(cell) for cell in cells)
 
     def _show_told(self, row: int) -> None:

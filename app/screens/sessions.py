@@ -78,13 +78,13 @@ class SessionsScreen(Screen[SessionChoice | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("first prompt", "status", "events", "updated", "cwd", "id")
+        table.add_columns("first prompt", "status", "events", "updated", "id", "cwd")  # cwd last: the longest
         for s in self.summaries:
             status = "live-locked" if s.status == "live" else s.status
             if s.id == self.current:
                 status = "open here"
-            prompt = first_line(s.first_prompt, 40) or "—"
-            cells = (prompt, status, str(s.events), format_time(s.updated), s.cwd, s.id)
+            prompt = first_line(s.first_prompt, 36) or "—"
+            cells = (prompt, status, str(s.events), format_time(s.updated), s.id, s.cwd)
             table.add_row(*(Text(cell) for cell in cells), key=s.id)  # Text: a prompt's `[/x]` is not markup
         table.focus()
 
