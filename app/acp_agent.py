@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,8 +58,9 @@ from acp.schema import (
     TextResourceContents,
 )
 
-from persistence.errors import InvalidSessionId, PersistenceError, SessionExists, SessionLocked, SessionNotFound
-from persistence.store import OpenedSession, SessionStore
+from cairn import __version__
+from cairn.persistence.errors import InvalidSessionId, PersistenceError, SessionExists, SessionLocked, SessionNotFound
+from cairn.persistence.store import OpenedSession, SessionStore
 
 from .acp_session import SessionHost
 from .acp_updates import replay
@@ -71,13 +71,6 @@ from .render import first_line
 log = logging.getLogger("cairn.acp")
 
 NOT_FOUND, INVALID_PARAMS, INTERNAL = -32002, -32602, -32603
-
-
-def cairn_version() -> str:
-    try:
-        return version("cairn")
-    except PackageNotFoundError:
-        return "0"
 
 
 class CairnAgent:
@@ -108,7 +101,7 @@ class CairnAgent:
                 session_capabilities=SessionCapabilities(list=SessionListCapabilities()),
             ),
             auth_methods=[],
-            agent_info=Implementation(name="cairn", title="Cairn", version=cairn_version()),
+            agent_info=Implementation(name="cairn", title="Cairn", version=__version__),
         )
 
     async def new_session(self, cwd: str, **kwargs: Any) -> NewSessionResponse:

@@ -34,8 +34,8 @@ import anyio
 import anyio.abc
 from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
 
-from persistence.events import AnyEvent, Decision
-from persistence.store import OpenedSession
+from cairn.persistence.events import AnyEvent, Decision
+from cairn.persistence.store import OpenedSession
 
 from .acp_updates import live_updates, tool_kind, tool_title
 from .approval import ApprovalRequest

@@ -37,7 +37,7 @@ from acp.schema import (
     UserMessageChunk,
 )
 
-from persistence.events import (
+from cairn.persistence.events import (
     AnyEvent,
     AssistantChunk,
     AssistantMessage,

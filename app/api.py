@@ -1,7 +1,7 @@
 """The Python API: run Cairn turns from your own code, with the same composition, barriers and repair as the CLI.
 
     import anyio
-    from app.api import open_session
+    from cairn import open_session
 
     async def main():
         async with open_session(workspace=".", provider="demo") as session:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from persistence.events import Decision
+from cairn.persistence.events import Decision
 
 
 @dataclass(frozen=True)

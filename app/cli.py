@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Any, Sequence
 
+from cairn import __version__
+
 EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, EXIT_LOCKED, EXIT_CORRUPT, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
 
 DESCRIPTION = """\
@@ -48,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cairn", description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt, parents=[common_options()]
     )
+    parser.add_argument("--version", action="version", version=f"cairn {__version__}")
     # A subcommand's copy of the common options must not reset, with its own defaults, what was given before the
     # command (`cairn --home DIR run …`): absent there, they leave the namespace alone.
     common = common_options(argparse.SUPPRESS)
@@ -85,7 +88,7 @@ def fail(message: str, code: int) -> int:
 
 def exit_code_for(error: BaseException) -> int | None:
     """Map a user-facing error to its exit code; None for a bug (which should surface)."""
-    from persistence import errors as pe
+    from cairn.persistence import errors as pe
 
     from .config import ConfigError
 
@@ -116,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def open_store(config: Any):  # -> SessionStore; without importing the agent (fast start-up)
-    from persistence.store import SessionStore
+    from cairn.persistence.store import SessionStore
 
     return SessionStore(config.home, config.backend)
 
@@ -202,7 +205,7 @@ def sessions_command(args: argparse.Namespace, config: Any) -> int:
 
 
 def show_command(args: argparse.Namespace, config: Any) -> int:
-    from persistence.events import encode_event
+    from cairn.persistence.events import encode_event
 
     from .render import render_session
 

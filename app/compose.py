@@ -11,9 +11,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from persistence.coordinator import DEFAULT_WINDOW
-from persistence.session import LiveSession
-from persistence.store import OpenedSession, SessionStore
+from cairn.persistence.coordinator import DEFAULT_WINDOW
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import OpenedSession, SessionStore
 
 from . import failpoints
 from .approval import Approver, headless_approver

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from persistence.store import BACKENDS
+from cairn.persistence.store import BACKENDS
 
 PROVIDERS = ("demo", "script", "openai")
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import anyio
 
-from persistence.session import LiveSession
+from cairn.persistence.session import LiveSession
 
 from .approval import ApprovalRequest, Approver
 from .hooks import Hooks

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from persistence.events import (
+from cairn.persistence.events import (
     AnyEvent,
     ApprovalDecided,
     AssistantChunk,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 if TYPE_CHECKING:
-    from persistence.session import LiveSession
+    from cairn.persistence.session import LiveSession
 
     from .providers.base import ModelRequest
 

@@ -23,8 +23,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from persistence.errors import CheckpointFailed
-from persistence.events import (
+from cairn.persistence.errors import CheckpointFailed
+from cairn.persistence.events import (
     ABORTED_BEFORE_DISPATCH,
     BAD_ARGUMENTS,
     DENIED,
@@ -48,7 +48,7 @@ from persistence.events import (
     TurnStart,
     UserMessage,
 )
-from persistence.session import LiveSession
+from cairn.persistence.session import LiveSession
 
 from .approval import ApprovalRequest, Approver, headless_approver, needs_approval
 from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext, nothing

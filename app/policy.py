@@ -18,10 +18,10 @@ from typing import Any, Awaitable, Callable
 import anyio
 import anyio.lowlevel
 
-from persistence.coordinator import CoordinatorClosed
-from persistence.errors import CheckpointFailed
-from persistence.events import CHECKPOINT_FAILED
-from persistence.session import LiveSession
+from cairn.persistence.coordinator import CoordinatorClosed
+from cairn.persistence.errors import CheckpointFailed
+from cairn.persistence.events import CHECKPOINT_FAILED
+from cairn.persistence.session import LiveSession
 
 from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext
 

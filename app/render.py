@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from persistence.events import (
+from cairn.persistence.events import (
     AnyEvent,
     ApprovalDecided,
     AssistantChunk,

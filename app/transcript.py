@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from persistence.events import (
+from cairn.persistence.events import (
     AnyEvent,
     AssistantMessage,
     RecoveryVerdict,

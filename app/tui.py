@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from textual.app import App
 
-from app.config import Config, make_provider
-from app.screens.chat import ChatScreen
-from app.screens.sessions import SessionChoice, SessionsScreen
-from persistence.session import LiveSession
-from persistence.store import OpenedSession, SessionStore
+from .config import Config, make_provider
+from .screens.chat import ChatScreen
+from .screens.sessions import SessionChoice, SessionsScreen
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import OpenedSession, SessionStore
 
 
 class CairnApp(App[SessionChoice | None]):

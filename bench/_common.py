@@ -21,12 +21,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-# `python bench/<name>.py` puts bench/ on sys.path, not the project root; make `import persistence` work either way.
+# `python bench/<name>.py` must measure the checkout it names (this one, or CAIRN_BENCH_SRC), installed or not: load
+# that checkout's `cairn` package with its three folders as the subpackages, as the installed layout has them.
 ROOT = Path(__file__).resolve().parent.parent
 SRC = Path(os.environ.get("CAIRN_BENCH_SRC") or ROOT).resolve()
-if str(SRC) in sys.path:
-    sys.path.remove(str(SRC))
-sys.path.insert(0, str(SRC))
+
+
+def _load_checkout(src: Path) -> None:
+    import importlib.util
+
+    init = src / "cairn" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("cairn", init, submodule_search_locations=[str(init.parent)])
+    assert spec and spec.loader, f"no cairn package in {src}"
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["cairn"] = package
+    spec.loader.exec_module(package)
+    for name in ("app", "widgets", "persistence"):
+        sub = importlib.util.spec_from_file_location(
+            f"cairn.{name}", src / name / "__init__.py", submodule_search_locations=[str(src / name)]
+        )
+        assert sub and sub.loader
+        module = importlib.util.module_from_spec(sub)
+        sys.modules[f"cairn.{name}"] = module
+        setattr(package, name, module)
+        sub.loader.exec_module(module)
+
+
+_load_checkout(SRC)
 
 now_ns = time.perf_counter_ns
 
@@ -76,7 +97,7 @@ def machine() -> str:
 
 
 def header(title: str, where: Path | None = None) -> None:
-    import persistence
+    from cairn import persistence
 
     print(f"== {title}")
     print(f"   {machine()}" + (f"; files in {where}" if where else ""))

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import sys
 
-import _common  # noqa: F401  (sets sys.path)
+import _common  # noqa: F401  (loads the checkout's cairn package)
 from _common import describe, emit, header, median, now_ns, percentile, temp_dir
 
 import anyio
 from msgspec.structs import replace
 
-from persistence.events import (
+from cairn.persistence.events import (
     ApprovalAsked,
     ApprovalDecided,
     RequestHeader,
@@ -30,9 +30,9 @@ from persistence.events import (
     encode_event,
     encoder,
 )
-from persistence.coordinator import now_ms
-from persistence.session import LiveSession
-from persistence.store import SessionStore
+from cairn.persistence.coordinator import now_ms
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import SessionStore
 
 ITERATIONS = 1000
 SQLITE_ITERATIONS = 400

@@ -27,15 +27,15 @@ import sys
 import threading
 from collections import Counter
 
-import _common  # noqa: F401  (sets sys.path)
+import _common  # noqa: F401  (loads the checkout's cairn package)
 from _common import emit, header, median, now_ns, temp_dir
 
 import anyio
 
-from persistence.backend import EncodedEvent, Writer
-from persistence.events import ToolCall
-from persistence.session import LiveSession
-from persistence.store import SessionStore
+from cairn.persistence.backend import EncodedEvent, Writer
+from cairn.persistence.events import ToolCall
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import SessionStore
 
 CALLERS = 8
 ROUNDS = 150  # per shape

@@ -18,14 +18,14 @@ import os
 import random
 import sys
 
-import _common  # noqa: F401  (sets sys.path)
+import _common  # noqa: F401  (loads the checkout's cairn package)
 from _common import emit, header, median, now_ns, temp_dir
 
 import anyio
 
-from persistence.events import AssistantChunk, SessionHeader, encoder
-from persistence.session import LiveSession
-from persistence.store import SessionStore
+from cairn.persistence.events import AssistantChunk, SessionHeader, encoder
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import SessionStore
 
 CHUNKS = 20_000
 YIELD_EVERY = 8

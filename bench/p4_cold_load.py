@@ -23,13 +23,13 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import _common  # noqa: F401  (sets sys.path)
+import _common  # noqa: F401  (loads the checkout's cairn package)
 from _common import emit, header, median, now_ns, temp_dir
 
 import msgspec
 
-from persistence.backend import EncodedEvent
-from persistence.events import (
+from cairn.persistence.backend import EncodedEvent
+from cairn.persistence.events import (
     ApprovalAsked,
     ApprovalDecided,
     AssistantChunk,
@@ -46,7 +46,7 @@ from persistence.events import (
     UserMessage,
     encode_event,
 )
-from persistence.store import SessionStore
+from cairn.persistence.store import SessionStore
 
 EVENTS = 100_000
 REPEATS = 7

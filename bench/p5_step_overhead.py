@@ -40,13 +40,13 @@ import sqlite3
 import sys
 from typing import Annotated, Any, Callable, TypedDict
 
-import _common  # noqa: F401  (sets sys.path)
+import _common  # noqa: F401  (loads the checkout's cairn package)
 from _common import describe, emit, header, median, now_ns, percentile, temp_dir
 
 import anyio
 import msgspec
 
-from persistence.events import (
+from cairn.persistence.events import (
     AssistantMessage,
     RequestHeader,
     StepEnd,
@@ -56,8 +56,8 @@ from persistence.events import (
     ToolResult,
     TurnStart,
 )
-from persistence.session import LiveSession
-from persistence.store import SessionStore
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import SessionStore
 
 try:
     from langgraph.channels.delta import DeltaChannel

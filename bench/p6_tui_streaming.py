@@ -33,15 +33,15 @@ def write_script(path: Path, tokens: int, chunks: int, delay_ms: int) -> Path:
 
 
 def config_for(home: Path, script: Path, workspace: Path):
-    from app.config import resolve_config
+    from cairn.app.config import resolve_config
 
     return resolve_config(home=str(home), provider="script", script=str(script), workspace=str(workspace), env={})
 
 
 async def headless_once(home: Path, script: Path, workspace: Path) -> float:
-    from app.approval import headless_approver
-    from app.compose import open_agent
-    from app.headless import Printer
+    from cairn.app.approval import headless_approver
+    from cairn.app.compose import open_agent
+    from cairn.app.headless import Printer
 
     sink = io.TextIOWrapper(open(os.devnull, "wb"), write_through=True)
     async with open_agent(config_for(home, script, workspace), approver=headless_approver(False)) as agent:
@@ -56,10 +56,10 @@ async def headless_once(home: Path, script: Path, workspace: Path) -> float:
 
 
 async def tui_once(home: Path, script: Path, workspace: Path) -> float:
-    from app.tui import CairnApp
-    from persistence.events import TurnEnd
-    from widgets.prompt_input import PromptInput
-    from persistence.store import SessionStore
+    from cairn.app.tui import CairnApp
+    from cairn.persistence.events import TurnEnd
+    from cairn.widgets.prompt_input import PromptInput
+    from cairn.persistence.store import SessionStore
 
     config = config_for(home, script, workspace)
     store = SessionStore(home)

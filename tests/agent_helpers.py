@@ -9,13 +9,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from app.approval import Approver, headless_approver
-from app.compose import Agent, open_agent
-from app.config import resolve_config
-from app.tools.registry import ToolRegistry, builtin_tools
-from persistence.events import AnyEvent, event_type
-from persistence.jsonl import FileOps, JsonlBackend
-from persistence.store import SessionStore
+from cairn.app.approval import Approver, headless_approver
+from cairn.app.compose import Agent, open_agent
+from cairn.app.config import resolve_config
+from cairn.app.tools.registry import ToolRegistry, builtin_tools
+from cairn.persistence.events import AnyEvent, event_type
+from cairn.persistence.jsonl import FileOps, JsonlBackend
+from cairn.persistence.store import SessionStore
 
 
 def types(events: list[AnyEvent]) -> list[str]:

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from persistence.events import event_type
-from persistence.store import Inspection, SessionStore
+from cairn.persistence.events import event_type
+from cairn.persistence.store import Inspection, SessionStore
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
 WAIT = 20.0  # seconds; generous for a loaded 2-core CI machine; the normal case takes well under one

@@ -18,12 +18,12 @@ from acp import RequestError, image_block, resource_link_block, text_block
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from acp_helpers import RecordingClient, agent_stderr, connect, content_text, summary, wait_for
-from app.acp_agent import prompt_text
-from app.acp_updates import replay
+from cairn.app.acp_agent import prompt_text
+from cairn.app.acp_updates import replay
 from crash_harness import CAIRN, Rig, types, wait_until
-from persistence.events import (AssistantChunk, AssistantMessage, RecoveryVerdict, StepEnd, StepStart,
+from cairn.persistence.events import (AssistantChunk, AssistantMessage, RecoveryVerdict, StepEnd, StepStart,
                                 ToolCallRequest, ToolResult, TurnEnd, TurnStart, UserMessage, event_type)
-from persistence.repair import outcome_unknown_text
+from cairn.persistence.repair import outcome_unknown_text
 
 pytestmark = pytest.mark.anyio
 

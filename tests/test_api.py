@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from app.api import open_session
-from persistence.events import TurnEnd, TurnStart
+from cairn.app.api import open_session
+from cairn.persistence.events import TurnEnd, TurnStart
 
 pytestmark = pytest.mark.anyio
 

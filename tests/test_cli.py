@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from persistence.events import AssistantMessage, StepStart, ToolCall, TurnStart, UserMessage
-from persistence.locks import SessionLock
-from persistence.session import LiveSession
-from persistence.store import SessionStore
+from cairn.persistence.events import AssistantMessage, StepStart, ToolCall, TurnStart, UserMessage
+from cairn.persistence.locks import SessionLock
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import SessionStore
 
 from agent_helpers import write_script
 
@@ -139,7 +139,7 @@ def test_resume_repairs_an_interrupted_turn_and_continues(env, tmp_path):
             s.append(StepStart(turn=1, step=1))
             s.append(UserMessage(turn=1, step=1, text="delete the temp files"))
             s.append(AssistantMessage(turn=1, step=1, text="", interrupted=False,
-                                      tool_calls=[__import__("persistence.events").events.ToolCallRequest(
+                                      tool_calls=[__import__("cairn.persistence.events").persistence.events.ToolCallRequest(
                                           "c1", "run_command", {"command": "rm -rf tmp"})]))
             s.append(ToolCall(turn=1, step=1, call_id="c1", name="run_command", arguments={"command": "rm -rf tmp"},
                               safety="side_effecting", parent_call_id=None))
@@ -210,7 +210,7 @@ def test_newer_format_version_exits_4_and_says_newer(env):
 
 def test_headless_commands_do_not_import_textual_or_acp(env):
     code = (
-        "import sys; from app.cli import main; main(['sessions']);"
+        "import sys; from cairn.app.cli import main; main(['sessions']);"
         "bad = [m for m in ('textual', 'acp', 'pydantic') if m in sys.modules]; print(bad)"
     )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from persistence.errors import (
+from cairn.persistence.errors import (
     CorruptLog,
     InvalidSessionId,
     SessionExists,
@@ -25,7 +25,7 @@ from persistence.errors import (
     SessionNotFound,
     UnsupportedFormat,
 )
-from persistence.events import (
+from cairn.persistence.events import (
     TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
@@ -50,8 +50,8 @@ from persistence.events import (
     raw_decoder,
     to_builtins,
 )
-from persistence.session import LiveSession
-from persistence.store import SessionStore
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import SessionStore
 
 pytestmark = pytest.mark.anyio
 
@@ -473,7 +473,7 @@ async def test_live_session_is_locked_against_a_second_writer(tmp_path, backend_
 
 CHILD = r"""
 import sys, time
-from persistence.store import SessionStore
+from cairn.persistence.store import SessionStore
 home, backend, session_id, marker = sys.argv[1:5]
 opened = SessionStore(home, backend).open_for_resume(session_id)
 with open(marker, "w") as f:

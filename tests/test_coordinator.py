@@ -16,13 +16,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from persistence.coordinator import CoordinatorClosed
-from persistence.errors import CheckpointFailed
-from persistence.events import AnyEvent, AssistantChunk, StepStart, TurnStart, encode_event
-from persistence.jsonl import FileOps, JsonlBackend
-from persistence.session import LiveSession
-from persistence.sqlite import SqliteBackend
-from persistence.store import SessionStore
+from cairn.persistence.coordinator import CoordinatorClosed
+from cairn.persistence.errors import CheckpointFailed
+from cairn.persistence.events import AnyEvent, AssistantChunk, StepStart, TurnStart, encode_event
+from cairn.persistence.jsonl import FileOps, JsonlBackend
+from cairn.persistence.session import LiveSession
+from cairn.persistence.sqlite import SqliteBackend
+from cairn.persistence.store import SessionStore
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ import pytest
 
 from crash_harness import Child, Rig, assert_contiguous, json_lines, types, wait_until
 from openai_server import OpenAIServer, hang, text
-from persistence.repair import not_started_text, outcome_unknown_text
+from cairn.persistence.repair import not_started_text, outcome_unknown_text
 
 pytestmark = pytest.mark.slow
 

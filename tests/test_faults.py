@@ -15,8 +15,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from persistence.errors import CheckpointFailed, StoreUnavailable
-from persistence.events import (
+from cairn.persistence.errors import CheckpointFailed, StoreUnavailable
+from cairn.persistence.events import (
     AnyEvent,
     AssistantChunk,
     AssistantMessage,
@@ -27,10 +27,10 @@ from persistence.events import (
     encode_event,
     raw_decoder,
 )
-from persistence.jsonl import FileOps, JsonlBackend
-from persistence.session import LiveSession
-from persistence.sqlite import SqliteBackend
-from persistence.store import SessionStore
+from cairn.persistence.jsonl import FileOps, JsonlBackend
+from cairn.persistence.session import LiveSession
+from cairn.persistence.sqlite import SqliteBackend
+from cairn.persistence.store import SessionStore
 
 pytestmark = pytest.mark.anyio
 

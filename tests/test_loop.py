@@ -8,10 +8,10 @@ from typing import Any
 import anyio
 import pytest
 
-from app.approval import ApprovalRequest, headless_approver
-from app.tools.base import Tool, ToolContext
-from app.tools.registry import ToolRegistry, builtin_tools
-from persistence.events import (
+from cairn.app.approval import ApprovalRequest, headless_approver
+from cairn.app.tools.base import Tool, ToolContext
+from cairn.app.tools.registry import ToolRegistry, builtin_tools
+from cairn.persistence.events import (
     AssistantMessage,
     ToolCall,
     ToolResult,
@@ -257,7 +257,7 @@ async def test_leaving_the_composition_mid_turn_writes_real_closing_events(tmp_p
         agent.loop.submit("talk")
         await wait_for(lambda: "assistant/chunk" in types(agent.session.events))
     # after exit: the loop was cancelled and waited for; the session flushed and closed
-    from persistence.store import SessionStore
+    from cairn.persistence.store import SessionStore
 
     log = SessionStore(tmp_path / "home").inspect(agent.id)
     assert log.repair == []

@@ -9,8 +9,8 @@ import time
 import anyio
 import pytest
 
-from app.providers.base import ModelRequest, ProviderError, RawToolCall, StreamEnd, TextDelta, ToolSchema
-from app.providers.openai import OpenAIProvider
+from cairn.app.providers.base import ModelRequest, ProviderError, RawToolCall, StreamEnd, TextDelta, ToolSchema
+from cairn.app.providers.openai import OpenAIProvider
 from openai_server import OpenAIServer, close, error, hang, malformed, raw, text, tool_calls
 
 pytestmark = pytest.mark.anyio

@@ -8,12 +8,12 @@ from typing import Any, AsyncIterator
 import anyio
 import pytest
 
-from app.hooks import Hooks, StreamContext
-from app.providers.base import ModelRequest, StreamEnd, TextDelta
-from app.tools.base import Tool, ToolContext
-from app.tools.registry import ToolRegistry, builtin_tools
-from persistence.errors import CheckpointFailed
-from persistence.events import (
+from cairn.app.hooks import Hooks, StreamContext
+from cairn.app.providers.base import ModelRequest, StreamEnd, TextDelta
+from cairn.app.tools.base import Tool, ToolContext
+from cairn.app.tools.registry import ToolRegistry, builtin_tools
+from cairn.persistence.errors import CheckpointFailed
+from cairn.persistence.events import (
     ABORTED_BEFORE_DISPATCH,
     CHECKPOINT_FAILED,
     RequestHeader,

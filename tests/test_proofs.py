@@ -27,15 +27,15 @@ from typing import Any
 
 import pytest
 
-from app.approval import headless_approver
-from app.compose import open_agent
-from app.config import resolve_config
+from cairn.app.approval import headless_approver
+from cairn.app.compose import open_agent
+from cairn.app.config import resolve_config
 from crash_harness import CAIRN, Rig, assert_contiguous, types
 from openai_server import OpenAIServer, error, malformed, raw, text, tool_calls
-from persistence.events import encode_event, event_type
-from persistence.jsonl import FileOps, JsonlBackend
-from persistence.sqlite import SqliteBackend
-from persistence.store import SessionStore
+from cairn.persistence.events import encode_event, event_type
+from cairn.persistence.jsonl import FileOps, JsonlBackend
+from cairn.persistence.sqlite import SqliteBackend
+from cairn.persistence.store import SessionStore
 
 LONG = 3600.0  # write-behind window: only barriers write
 

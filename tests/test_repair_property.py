@@ -13,7 +13,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from persistence.events import (
+from cairn.persistence.events import (
     TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
@@ -33,7 +33,7 @@ from persistence.events import (
     UserMessage,
     encode_event,
 )
-from persistence.repair import repair_interrupted_turn
+from cairn.persistence.repair import repair_interrupted_turn
 
 TOOLS = [("read_file", "read_only"), ("write_file", "idempotent"), ("run_command", "side_effecting")]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from app.providers.base import ToolSchema
-from app.tools.base import OUTPUT_LIMIT, BadArguments, Tool, ToolContext, ToolFailure
-from app.tools.registry import ToolRegistry, builtin_tools
-from app.tools.workspace import require_str, resolve_in_workspace
+from cairn.app.providers.base import ToolSchema
+from cairn.app.tools.base import OUTPUT_LIMIT, BadArguments, Tool, ToolContext, ToolFailure
+from cairn.app.tools.registry import ToolRegistry, builtin_tools
+from cairn.app.tools.workspace import require_str, resolve_in_workspace
 
 pytestmark = pytest.mark.anyio
 

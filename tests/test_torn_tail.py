@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from persistence.errors import CorruptLog
-from persistence.events import (
+from cairn.persistence.errors import CorruptLog
+from cairn.persistence.events import (
     AnyEvent,
     AssistantMessage,
     RecoveryVerdict,
@@ -28,8 +28,8 @@ from persistence.events import (
     encode_event,
     to_builtins,
 )
-from persistence.session import LiveSession
-from persistence.store import SessionStore
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import SessionStore
 
 pytestmark = pytest.mark.anyio
 

@@ -15,13 +15,13 @@ from typing import AsyncIterator
 import pytest
 
 from agent_helpers import ControlledOps
-from app.screens.approval import ApprovalModal
-from app.screens.resume import ResumeScreen
-from app.screens.sessions import SessionChoice, SessionsScreen
-from app.screens.verdict import VerdictDialog
-from app.tui import CairnApp
-from persistence.errors import CheckpointFailed
-from persistence.events import (
+from cairn.app.screens.approval import ApprovalModal
+from cairn.app.screens.resume import ResumeScreen
+from cairn.app.screens.sessions import SessionChoice, SessionsScreen
+from cairn.app.screens.verdict import VerdictDialog
+from cairn.app.tui import CairnApp
+from cairn.persistence.errors import CheckpointFailed
+from cairn.persistence.events import (
     DENIED,
     TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
@@ -32,7 +32,7 @@ from persistence.events import (
     TurnStart,
     UserMessage,
 )
-from persistence.locks import SessionLock, lock_holder
+from cairn.persistence.locks import SessionLock, lock_holder
 from textual.widgets import DataTable, Input, Label, Static
 from tui_helpers import (
     CHANGELOG,
@@ -48,9 +48,9 @@ from tui_helpers import (
     wait_for,
     write_log,
 )
-from widgets.prompt_input import PromptInput
-from widgets.status_bar import StatusBar
-from widgets.tool_card import ToolCard
+from cairn.widgets.prompt_input import PromptInput
+from cairn.widgets.status_bar import StatusBar
+from cairn.widgets.tool_card import ToolCard
 
 pytestmark = pytest.mark.anyio
 

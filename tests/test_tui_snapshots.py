@@ -14,17 +14,17 @@ import time
 import pytest
 
 from agent_helpers import ControlledOps
-from app.screens.approval import ApprovalModal
-from app.screens.resume import ResumeScreen
-from app.screens.sessions import SessionsScreen
-from app.tui import CairnApp
-from persistence.events import AssistantChunk, StepEnd, StepStart, TurnStart, UserMessage
-from persistence.locks import SessionLock
+from cairn.app.screens.approval import ApprovalModal
+from cairn.app.screens.resume import ResumeScreen
+from cairn.app.screens.sessions import SessionsScreen
+from cairn.app.tui import CairnApp
+from cairn.persistence.events import AssistantChunk, StepEnd, StepStart, TurnStart, UserMessage
+from cairn.persistence.locks import SessionLock
 from tui_helpers import completed_turn, crashed_turn, make_world, wait_for, write_log
-from widgets.prompt_input import PromptInput
-from widgets.status_bar import StatusBar
-from widgets.tool_card import ToolCard
-from widgets.transcript import AssistantText
+from cairn.widgets.prompt_input import PromptInput
+from cairn.widgets.status_bar import StatusBar
+from cairn.widgets.tool_card import ToolCard
+from cairn.widgets.transcript import AssistantText
 
 SIZE = (120, 32)
 

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from agent_helpers import write_script
-from persistence.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, ToolResult, TurnEnd
-from persistence.store import SessionStore
+from cairn.persistence.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, ToolResult, TurnEnd
+from cairn.persistence.store import SessionStore
 from tui_helpers import types_of, wait_sync
 
 CAIRN = str(Path(sys.executable).parent / "cairn")

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent_helpers import write_script
-from app.config import Config, resolve_config
-from app.tui import CairnApp
-from persistence.events import (
+from cairn.app.config import Config, resolve_config
+from cairn.app.tui import CairnApp
+from cairn.persistence.events import (
     AnyEvent,
     ApprovalAsked,
     ApprovalDecided,
@@ -27,8 +27,8 @@ from persistence.events import (
     UserMessage,
     encode_event,
 )
-from persistence.jsonl import FileOps, JsonlBackend
-from persistence.store import SessionStore
+from cairn.persistence.jsonl import FileOps, JsonlBackend
+from cairn.persistence.store import SessionStore
 
 SESSION_ID = "fixed-id"
 CREATED = 1_764_686_400_000  # 2025-12-02 14:40:00 UTC
@@ -119,7 +119,7 @@ def crashed_turn() -> list[AnyEvent]:
 
 
 def types_of(events: list[AnyEvent]) -> list[str]:
-    from persistence.events import event_type
+    from cairn.persistence.events import event_type
 
     return [event_type(e) for e in events]
 

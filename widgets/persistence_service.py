@@ -13,9 +13,9 @@ import asyncio
 from textual.message import Message
 from textual.widget import Widget
 
-from persistence.coordinator import CoordinatorClosed
-from persistence.errors import CheckpointFailed
-from persistence.session import LiveSession
+from cairn.persistence.coordinator import CoordinatorClosed
+from cairn.persistence.errors import CheckpointFailed
+from cairn.persistence.session import LiveSession
 
 
 class PersistenceService(Widget):

@@ -7,7 +7,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Collapsible, Static
 
-from app.render import summarize_arguments
+from cairn.app.render import summarize_arguments
 
 STATUS_LABELS = {
     "queued": "… queued",

@@ -13,7 +13,7 @@ from rich.markdown import Markdown as RichMarkdown
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
-from persistence.events import (
+from cairn.persistence.events import (
     AnyEvent,
     ApprovalAsked,
     AssistantChunk,

@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from app.providers.base import ModelRequest, ProviderError, RawToolCall, StreamEnd, StreamItem, TextDelta
+from .base import ModelRequest, ProviderError, RawToolCall, StreamEnd, StreamItem, TextDelta
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_TIMEOUT = 120.0  # seconds to wait for the next bytes of an answer

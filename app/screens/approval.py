@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from app.approval import ApprovalRequest
+from ..approval import ApprovalRequest
 
 
 class ApprovalModal(ModalScreen[str]):

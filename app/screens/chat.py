@@ -20,19 +20,19 @@ from textual.screen import Screen
 from textual.widget import MountError
 from textual.widgets import Footer, Static
 
-from app.approval import ApprovalRequest
-from app.compose import Agent, mount_agent
-from app.config import Config
-from app.loop import TurnResult
-from app.providers.base import Provider
-from app.tools.registry import builtin_safety
-from persistence.events import AnyEvent, RecoveryVerdict, TurnEnd, TurnStart
-from persistence.repair import calls_awaiting_verdict
-from persistence.session import LiveSession
-from widgets.persistence_service import PersistenceService
-from widgets.prompt_input import PromptInput
-from widgets.status_bar import StatusBar
-from widgets.transcript import Notice, Transcript
+from ..approval import ApprovalRequest
+from ..compose import Agent, mount_agent
+from ..config import Config
+from ..loop import TurnResult
+from ..providers.base import Provider
+from ..tools.registry import builtin_safety
+from cairn.persistence.events import AnyEvent, RecoveryVerdict, TurnEnd, TurnStart
+from cairn.persistence.repair import calls_awaiting_verdict
+from cairn.persistence.session import LiveSession
+from cairn.widgets.persistence_service import PersistenceService
+from cairn.widgets.prompt_input import PromptInput
+from cairn.widgets.status_bar import StatusBar
+from cairn.widgets.transcript import Notice, Transcript
 
 from .approval import ApprovalModal
 from .resume import ResumeScreen, recovered_from

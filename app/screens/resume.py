@@ -17,8 +17,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Label, Static
 
-from app.render import summarize_arguments
-from persistence.events import (
+from ..render import summarize_arguments
+from cairn.persistence.events import (
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
     AssistantChunk,
@@ -29,8 +29,8 @@ from persistence.events import (
     TurnStart,
     UserMessage,
 )
-from app.tools.registry import builtin_safety
-from persistence.repair import recovered_calls
+from ..tools.registry import builtin_safety
+from cairn.persistence.repair import recovered_calls
 
 from .verdict import VerdictDialog
 

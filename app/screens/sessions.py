@@ -14,8 +14,8 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
-from app.render import first_line, format_time, render_session
-from persistence.store import SessionStore, SessionSummary
+from ..render import first_line, format_time, render_session
+from cairn.persistence.store import SessionStore, SessionSummary
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
-from app.tools.base import OUTPUT_LIMIT, Tool, ToolContext, ToolFailure
-from app.tools.workspace import optional_number, require_str
+from .base import OUTPUT_LIMIT, Tool, ToolContext, ToolFailure
+from .workspace import optional_number, require_str
 
 SECRET_ENV = ("CAIRN_API_KEY", "OPENAI_API_KEY")
 DEFAULT_TIMEOUT = 120.0

@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import anyio.to_thread
 
-from app.tools.base import OUTPUT_LIMIT, BadArguments, Tool, ToolContext, ToolFailure, truncate_output
-from app.tools.workspace import (
+from .base import OUTPUT_LIMIT, BadArguments, Tool, ToolContext, ToolFailure, truncate_output
+from .workspace import (
     display_path,
     optional_bool,
     optional_int,

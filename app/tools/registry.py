@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from app.providers.base import ToolSchema
-from app.tools.base import Tool
-from app.tools.command import RUN_COMMAND
-from app.tools.files import EDIT_FILE, LIST_DIR, READ_FILE, SEARCH_TEXT, WRITE_FILE
+from ..providers.base import ToolSchema
+from .base import Tool
+from .command import RUN_COMMAND
+from .files import EDIT_FILE, LIST_DIR, READ_FILE, SEARCH_TEXT, WRITE_FILE
 
 
 def builtin_tools() -> list[Tool]:

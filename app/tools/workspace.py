@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from app.tools.base import BadArguments
+from .base import BadArguments
 
 
 def workspace_root(workspace: Path) -> Path:
