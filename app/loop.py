@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,20 +29,26 @@ from cairn.persistence.events import (
     ABORTED_BEFORE_DISPATCH,
     BAD_ARGUMENTS,
     DENIED,
+    MAX_TOKENS,
     TOOL_ERROR,
+    TRUNCATED,
     TOOL_OUTCOME_UNKNOWN,
     UNKNOWN_TOOL,
     ApprovalAsked,
     ApprovalDecided,
     AssistantChunk,
     AssistantMessage,
+    InvalidEvent,
     NonFiniteNumber,
+    ReasoningChunk,
     RecoveryVerdict,
     RequestHeader,
+    RequestRetry,
     StepEnd,
     StepStart,
     ToolCall,
     ToolCallRequest,
+    ToolProgress,
     ToolResult,
     TurnEnd,
     TurnError,
@@ -52,7 +59,7 @@ from cairn.persistence.session import LiveSession
 
 from .approval import ApprovalRequest, Approver, headless_approver, needs_approval
 from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext, nothing
-from .providers.base import ModelRequest, Provider, ProviderError, RawToolCall, StreamEnd, TextDelta
+from .providers.base import ModelRequest, Provider, ProviderError, RawToolCall, ReasoningDelta, StreamEnd, TextDelta
 from .tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
 from .tools.registry import ToolRegistry
 from .transcript import Transcript
@@ -63,6 +70,10 @@ SYSTEM_PROMPT = (
     "You are Cairn, a careful coding agent working in the workspace {workspace}. Use the tools to inspect and change "
     "files and run commands there. Before repeating a side effect whose outcome is unknown, verify the current state."
 )
+
+
+FINISH_REASONS = frozenset({"stop", "tool_calls", "length", "content_filter", "other"})
+MAX_RETRY_DELAY = 60.0  # seconds; also the cap on a server's Retry-After
 
 
 @dataclass
@@ -94,6 +105,7 @@ class _TurnState:
     step: int | None = None  # the open step
     streaming: bool = False  # chunks appended, assistant/message not yet
     text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     calls: list[_CallState] = field(default_factory=list)
     last_text: str = ""
     error: TurnError | None = None
@@ -134,6 +146,8 @@ class AgentLoop:
         params: dict[str, Any] | None = None,
         max_steps: int = 50,
         system_prompt: str | None = None,
+        max_retries: int = 4,
+        retry_base_delay: float = 0.5,
     ) -> None:
         self.session = session
         self.provider = provider
@@ -143,6 +157,10 @@ class AgentLoop:
         self.hooks = hooks or Hooks()
         self.params = dict(params or {})
         self.max_steps = max_steps
+        self.max_retries = max_retries
+        self.retry_base_delay = retry_base_delay
+        # every top-level call id the session has used: a provider that repeats one gets a unique variant (SPEC §2)
+        self._call_ids = {c.call_id for e in session.events if isinstance(e, AssistantMessage) for c in e.tool_calls}
         self.system_prompt = (system_prompt or SYSTEM_PROMPT).format(workspace=self.workspace)
         self.allowed_for_session: set[str] = set()
         self.transcript = Transcript()
@@ -254,7 +272,7 @@ class AgentLoop:
                 st.error = TurnError(e.code, str(e))
             except TurnFailure as e:
                 st.error = TurnError(e.code, str(e))
-            except NonFiniteNumber as e:
+            except (NonFiniteNumber, InvalidEvent) as e:
                 st.error = TurnError("BAD_MODEL_OUTPUT", str(e))
             except Exception as e:  # a bug: end the turn honestly rather than leave it open
                 log.exception("turn %d failed", st.turn)
@@ -274,7 +292,7 @@ class AgentLoop:
             step += 1
             if step > self.max_steps:
                 raise TurnFailure("MAX_STEPS", f"stopped after {self.max_steps} steps without a final answer")
-            st.step, st.calls, st.text = step, [], []
+            st.step, st.calls, st.text, st.reasoning = step, [], [], []
             append(StepStart(turn=st.turn, step=step))
             if step == 1:
                 append(UserMessage(turn=st.turn, step=step, text=prompt))
@@ -294,11 +312,7 @@ class AgentLoop:
                 )
             )
 
-            async def open_stream(request: ModelRequest = request) -> AsyncIterator[Any]:
-                return self.provider.stream(request)
-
-            stream = await self.hooks.run("around_stream", StreamContext(self.session, st.turn, step, request), open_stream)
-            raw_calls = await self._consume(st, stream)
+            raw_calls = await self._request(st, request)
             if not raw_calls:
                 append(StepEnd(turn=st.turn, step=step))
                 st.step = None
@@ -306,6 +320,40 @@ class AgentLoop:
             await self._run_calls(st)
             append(StepEnd(turn=st.turn, step=step))
             st.step = None
+
+    async def _request(self, st: _TurnState, request: ModelRequest) -> list[RawToolCall]:
+        """Send the request and consume the answer, retrying what a server may answer next time (SPEC §7 rev 2):
+        only while no delta of this answer has arrived, at most `max_retries` times, `request/retry` appended first.
+        Each attempt goes through the around_stream chain again, so its pre-request barrier makes that record durable
+        before the request is sent again."""
+        attempt = 1
+        while True:
+
+            async def open_stream(request: ModelRequest = request) -> AsyncIterator[Any]:
+                return self.provider.stream(request)
+
+            ctx = StreamContext(self.session, st.turn, st.step or 0, request)
+            try:
+                stream = await self.hooks.run("around_stream", ctx, open_stream)
+                return await self._consume(st, stream)
+            except ProviderError as e:
+                if not e.retryable or st.text or st.reasoning or attempt > self.max_retries:
+                    raise
+                st.streaming = False
+                delay = self._retry_delay(attempt, e.retry_after)
+                attempt += 1
+                reason = e.code.replace("HTTP_", "HTTP ") if e.code.startswith("HTTP_") else e.code
+                self.session.append(RequestRetry(turn=st.turn, step=st.step or 0, attempt=attempt, reason=reason,
+                                                 delay_ms=round(delay * 1000)))
+                log.info("retrying request (attempt %d) in %.2fs after %s", attempt, delay, e)
+                await anyio.sleep(delay)
+
+    def _retry_delay(self, attempt: int, retry_after: float | None) -> float:
+        """The server's Retry-After when it sent one, else exponential backoff with jitter; capped either way."""
+        if retry_after is not None and retry_after >= 0:
+            return min(retry_after, MAX_RETRY_DELAY)
+        backoff = self.retry_base_delay * 2 ** (attempt - 1)
+        return min(backoff * (0.5 + random.random() / 2), MAX_RETRY_DELAY)
 
     async def _consume(self, st: _TurnState, stream: AsyncIterator[Any]) -> list[RawToolCall]:
         end: StreamEnd | None = None
@@ -316,18 +364,57 @@ class AgentLoop:
                     if item.text:
                         st.text.append(item.text)
                         self.session.append(AssistantChunk(turn=st.turn, step=st.step or 0, delta=item.text))
+                elif isinstance(item, ReasoningDelta):
+                    if item.text:
+                        st.reasoning.append(item.text)
+                        self.session.append(ReasoningChunk(turn=st.turn, step=st.step or 0, delta=item.text))
                 elif isinstance(item, StreamEnd):
                     end = item
-        if end is None:
-            raise ProviderError(f"{self.provider.name}: the stream ended without a final message", "MALFORMED_STREAM")
-        requests = [ToolCallRequest(c.call_id, c.name, parse_arguments(c.arguments)) for c in end.tool_calls]
+        if end is None or end.finish_reason is None:
+            what = "a final message" if end is None else "a finish reason"
+            raise ProviderError(f"{self.provider.name}: the stream ended without {what}", "MALFORMED_STREAM")
+        finish = end.finish_reason if end.finish_reason in FINISH_REASONS else "other"
+        requests = [
+            ToolCallRequest(self._unique_call_id(c.call_id, st, i), str(c.name), parse_arguments(c.arguments))
+            for i, c in enumerate(end.tool_calls, 1)
+        ]
         st.last_text = "".join(st.text)
         self.session.append(
-            AssistantMessage(turn=st.turn, step=st.step or 0, text=st.last_text, tool_calls=requests, interrupted=False)
+            AssistantMessage(
+                turn=st.turn, step=st.step or 0, text=st.last_text, tool_calls=requests, interrupted=False,
+                reasoning="".join(st.reasoning) or None, reasoning_meta=end.reasoning_meta, finish_reason=finish,
+                usage=end.usage,
+            )
         )
         st.streaming = False
         st.calls = [_CallState(r) for r in requests]
+        if finish == "length":
+            self._truncated(st)
         return end.tool_calls
+
+    def _unique_call_id(self, call_id: Any, st: _TurnState, position: int) -> str:
+        """The id the log, the model and repair use for this call: the provider's, unless it is missing or was
+        already used in this session (some servers and local models repeat ids), then a deterministic variant."""
+        base = call_id if isinstance(call_id, str) and call_id else f"call_{st.turn}_{st.step or 0}_{position}"
+        unique, n = base, 1
+        while unique in self._call_ids:
+            unique = f"{base}-dup" if n == 1 else f"{base}-dup#{n}"
+            n += 1
+        self._call_ids.add(unique)
+        return unique
+
+    def _truncated(self, st: _TurnState) -> None:
+        """An answer cut off at the output limit: none of its calls runs (their arguments may be cut too), and the
+        turn ends in error so nobody mistakes it for a finished answer."""
+        limit = getattr(self.provider, "max_tokens", None)
+        named = f"max_tokens={limit}" if limit else "the provider's output limit"
+        for call in st.calls:
+            self._append_result(st, call, ToolOutcome(
+                f"Not run: the answer was cut off at the output limit ({named}) while this call was being written.",
+                TRUNCATED,
+            ))
+        raise TurnFailure(MAX_TOKENS, f"the answer hit the output limit ({named}); raise it with --max-tokens "
+                                      "or CAIRN_MAX_TOKENS, or ask for a shorter answer")
 
     # -- tools ------------------------------------------------------------------------------------------------------
 
@@ -431,7 +518,8 @@ class AgentLoop:
 
         async def body() -> ToolOutcome:
             run.body_started = True
-            ctx = ToolContext(self.workspace, run.call_id, run.turn, run.step, run.parent_call_id, dispatch)
+            ctx = ToolContext(self.workspace, run.call_id, run.turn, run.step, run.parent_call_id, dispatch,
+                              progress=lambda pid, started: self._progress(run, pid, started))
             try:
                 return ToolOutcome(truncate_output(await tool.body(run.arguments, ctx), RESULT_LIMIT))
             except ToolFailure as e:
@@ -441,6 +529,9 @@ class AgentLoop:
                 return ToolOutcome(f"{run.name} failed: {type(e).__name__}: {e}", TOOL_ERROR)
 
         return await self.hooks.run("around_tool", run, body)
+
+    def _progress(self, run: ToolRunContext, pid: int, started: int) -> None:
+        self.session.append(ToolProgress(turn=run.turn, step=run.step, call_id=run.call_id, pid=pid, started=started))
 
     async def _dispatch_nested(self, parent: ToolRunContext, call_id: str, name: str, arguments: dict[str, Any]) -> str:
         """A tool calling another tool: recorded with parent_call_id, no barrier of its own (the parent's covers it)."""
@@ -475,12 +566,16 @@ class AgentLoop:
     # -- closing ----------------------------------------------------------------------------------------------------
 
     def _close_turn(self, st: _TurnState, reason: str) -> None:
-        """Append whatever the interrupted body left open, then `turn/end`. Synchronous: nothing here can be cut."""
-        append = self.session.append
+        """Append whatever the interrupted body left open, then `turn/end`. Synchronous: nothing here can be cut.
+
+        It must not fail either: an append it cannot make (the session was closed under it) is logged and skipped, and
+        the turn still returns; whatever did not reach the log is what repair reconstructs on the next open."""
+        append = self._append_closing
         if st.step is not None:
             if st.streaming:
                 st.last_text = "".join(st.text)
-                append(AssistantMessage(turn=st.turn, step=st.step, text=st.last_text, tool_calls=[], interrupted=True))
+                append(AssistantMessage(turn=st.turn, step=st.step, text=st.last_text, tool_calls=[], interrupted=True,
+                                        reasoning="".join(st.reasoning) or None))
             for call in st.calls:
                 if call.result is not None:
                     continue
@@ -488,12 +583,24 @@ class AgentLoop:
                     append(ApprovalDecided(turn=st.turn, step=st.step, call_id=call.request.call_id, decision="cancelled"))
                 for nested_id, (run, call_seq) in list(self._open_nested.items()):
                     if run.parent_call_id == call.request.call_id:
-                        self._append_nested_result(run, call_seq, _cut_short(run, reason))
+                        outcome = _cut_short(run, reason)
+                        append(ToolResult(turn=run.turn, step=run.step, call_id=run.call_id, is_error=True,
+                                          content=outcome.content, error_code=outcome.error_code, source_seq=call_seq))
                         del self._open_nested[nested_id]
-                self._append_result(st, call, _cut_short(call.run, reason))
+                outcome = _cut_short(call.run, reason)
+                call.result = append(ToolResult(  # type: ignore[assignment]
+                    turn=st.turn, step=st.step, call_id=call.request.call_id, is_error=True, content=outcome.content,
+                    error_code=outcome.error_code, source_seq=call.call_seq))
             append(StepEnd(turn=st.turn, step=st.step))
             st.step = None
         append(TurnEnd(turn=st.turn, reason=reason, error=st.error if reason == "error" else None))  # type: ignore[arg-type]
+
+    def _append_closing(self, event: Any) -> Any:
+        try:
+            return self.session.append(event)
+        except Exception:
+            log.exception("could not append %s while closing turn", type(event).__name__)
+            return None
 
 
 def _cut_short(run: ToolRunContext | None, reason: str) -> ToolOutcome:

@@ -3,6 +3,22 @@
 Fed every event once as it is appended (or loaded), so building a request is O(new events), never O(session).
 What the model sees: user prompts, finished (or interrupted) assistant messages with their tool calls, the result of
 every top-level call (repair's synthetic results included), and operator verdicts on OUTCOME_UNKNOWN calls.
+
+The log keeps exactly what happened; this conversation is normalised so that the strictest servers accept it
+(SPEC §7 "A session is always continuable"):
+- consecutive user content (a prompt whose turn produced no answer, verdict notes, the next prompt) becomes one user
+  message, parts joined by a blank line;
+- an answer with neither text nor tool calls (empty, or interrupted before any text) is left out;
+- results are paired with calls by `source_seq` (the `tool/call` they answer) or, when that is null (not started,
+  denied, unknown tool, truncated), by position among the open calls with that id; a call without any result still
+  gets a tool message, in the model's order, before the next non-tool message;
+- arguments that are not a JSON object are sent as `{}` (the call's result already says what was wrong);
+- an id already used earlier in the conversation (an old log from a provider that repeats ids) is renamed
+  `<id>-dup`, `<id>-dup#2`, … like the loop does for new answers, and its result follows it;
+- `reasoning_content` rides on the current turn's assistant messages with tool calls (DeepSeek thinking mode wants it
+  back there) and is dropped from older turns;
+- nested calls (with `parent_call_id`) stay inside their parent's result, and messages before the first user content
+  (a log that starts mid-way) are dropped rather than inventing a prompt.
 """
 
 from __future__ import annotations
@@ -14,8 +30,12 @@ from cairn.persistence.events import (
     AnyEvent,
     AssistantMessage,
     RecoveryVerdict,
+    StepEnd,
+    StepStart,
     ToolCall,
     ToolResult,
+    TurnEnd,
+    TurnStart,
     UserMessage,
 )
 
@@ -24,53 +44,157 @@ VERDICT_WORDS = {
     "did_not_happen": "it did NOT take effect",
     "unknown": "it is still unknown whether it took effect",
 }
+NO_RESULT = (
+    "No result was recorded for this call, so it is unknown whether it ran. Verify the current state before "
+    "repeating it."
+)
+EMPTY_RESULT = "(no output)"
+EMPTY_PROMPT = "(empty message)"
 
 
 def arguments_text(arguments: Any) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    """What the model gets back as its call's arguments: always a JSON object string."""
+    return json.dumps(arguments, ensure_ascii=False) if isinstance(arguments, dict) else "{}"
+
+
+class _Slot:
+    """One tool call of the open answer: its log id, the id the model sees, and its result once paired."""
+
+    __slots__ = ("log_id", "shown_id", "recorded", "content")
+
+    def __init__(self, log_id: str, shown_id: str) -> None:
+        self.log_id = log_id
+        self.shown_id = shown_id
+        self.recorded = False  # a top-level tool/call was paired with it
+        self.content: str | None = None
 
 
 class Transcript:
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
-        self._open_calls: set[str] = set()  # top-level call ids of the latest assistant message
-        self._names: dict[str, str] = {}  # call_id -> tool name, for verdict texts
+        self._user_parts: list[str] | None = None  # parts of messages[-1] while it is a user message
+        self._slots: list[_Slot] = []  # calls of the latest answer, in the model's order
+        self._emitted = 0  # how many of them already have their tool message
+        self._by_seq: dict[int, _Slot] = {}  # seq of a top-level tool/call -> its slot
+        self._nested: set[int] = set()  # seqs of the nested tool/calls made while answering the latest answer
+        self._used_ids: set[str] = set()  # every tool-call id shown to the model so far
+        self._reasoned: list[dict[str, Any]] = []  # this turn's messages carrying reasoning_content
+        self._names: dict[str, str] = {}  # log call_id -> tool name, for verdict texts
+        self._shown: dict[str, str] = {}  # log call_id -> the id the model saw (latest use)
 
     def add(self, event: AnyEvent) -> None:
-        if isinstance(event, UserMessage):
-            self.messages.append({"role": "user", "content": event.text})
-        elif isinstance(event, AssistantMessage):
-            message: dict[str, Any] = {"role": "assistant", "content": event.text or None}
-            if event.tool_calls:
-                message["tool_calls"] = [
-                    {
-                        "id": c.call_id,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": arguments_text(c.arguments)},
-                    }
-                    for c in event.tool_calls
-                ]
-                self._open_calls = {c.call_id for c in event.tool_calls}
-                self._names.update((c.call_id, c.name) for c in event.tool_calls)
-            if message["content"] is not None or event.tool_calls:
-                self.messages.append(message)
-        elif isinstance(event, ToolResult):
-            if event.call_id in self._open_calls:
-                self._open_calls.discard(event.call_id)
-                self.messages.append({"role": "tool", "tool_call_id": event.call_id, "content": event.content})
+        if isinstance(event, ToolResult):
+            self._add_result(event)
         elif isinstance(event, ToolCall):
-            self._names.setdefault(event.call_id, event.name)
+            self._add_call(event)
+        elif isinstance(event, AssistantMessage):
+            self._add_answer(event)
+        elif isinstance(event, UserMessage):
+            self._add_user(event.text)
         elif isinstance(event, RecoveryVerdict):
             name = self._names.get(event.call_id, "a tool")
             note = f" Operator's note: {event.note}" if event.note else ""
-            self.messages.append(
-                {
-                    "role": "user",
-                    "content": f"[Cairn recovery] The operator checked the interrupted call {event.call_id} "
-                    f"(`{name}`): {VERDICT_WORDS[event.verdict]}.{note}",
-                }
+            shown = self._shown.get(event.call_id, event.call_id)
+            self._add_user(
+                f"[Cairn recovery] The operator checked the interrupted call {shown} "
+                f"(`{name}`): {VERDICT_WORDS[event.verdict]}.{note}"
             )
+        elif isinstance(event, TurnStart):
+            self._close_answer()
+            for message in self._reasoned:
+                message.pop("reasoning_content", None)
+            self._reasoned.clear()
+        elif isinstance(event, (StepEnd, StepStart, TurnEnd)):
+            self._close_answer()
 
     def extend(self, events: list[AnyEvent]) -> None:
         for event in events:
             self.add(event)
+
+    # -- messages ---------------------------------------------------------------------------------------------------
+
+    def _append(self, message: dict[str, Any]) -> None:
+        self._user_parts = None
+        self.messages.append(message)
+
+    def _add_user(self, text: str) -> None:
+        self._close_answer()
+        if self._user_parts is None:
+            self._append({"role": "user", "content": ""})
+            self._user_parts = []
+        if text:
+            self._user_parts.append(text)
+        self.messages[-1]["content"] = "\n\n".join(self._user_parts) or EMPTY_PROMPT
+
+    def _add_answer(self, event: AssistantMessage) -> None:
+        self._close_answer()
+        if not self.messages:
+            return  # the log starts mid-way: no prompt to answer, and none is invented
+        if not event.text and not event.tool_calls:
+            return
+        last = self.messages[-1]
+        if last["role"] == "assistant":  # two answers in a row: one message, so roles still alternate
+            message = last
+            if event.text:
+                message["content"] = f"{message['content']}\n\n{event.text}" if message["content"] else event.text
+        else:
+            message = {"role": "assistant", "content": event.text or None}
+            self._append(message)
+        if not event.tool_calls:
+            return
+        calls = []
+        for position, c in enumerate(event.tool_calls):
+            base = c.call_id if isinstance(c.call_id, str) and c.call_id else f"call_{event.turn}_{event.step}_{position}"
+            shown, n = base, 1
+            while shown in self._used_ids:
+                shown = f"{base}-dup" if n == 1 else f"{base}-dup#{n}"
+                n += 1
+            self._used_ids.add(shown)
+            self._slots.append(_Slot(c.call_id, shown))
+            self._names[c.call_id] = c.name
+            self._shown[c.call_id] = shown
+            calls.append(
+                {"id": shown, "type": "function", "function": {"name": c.name, "arguments": arguments_text(c.arguments)}}
+            )
+        message["tool_calls"] = calls
+        if event.reasoning:
+            message["reasoning_content"] = event.reasoning
+            self._reasoned.append(message)
+
+    # -- pairing ----------------------------------------------------------------------------------------------------
+
+    def _add_call(self, event: ToolCall) -> None:
+        if event.parent_call_id is not None:
+            self._nested.add(event.seq)  # nested: part of its parent's result, not of the conversation
+            return
+        for slot in self._slots:
+            if slot.log_id == event.call_id and not slot.recorded and slot.content is None:
+                slot.recorded = True
+                self._by_seq[event.seq] = slot
+                return
+
+    def _add_result(self, event: ToolResult) -> None:
+        if event.source_seq in self._nested:
+            return
+        if event.source_seq is not None and event.source_seq in self._by_seq:
+            slot = self._by_seq[event.source_seq]
+        else:  # no tool/call behind it (not started, denied, unknown tool, truncated): the first open call of that id
+            candidates = [s for s in self._slots if s.log_id == event.call_id and s.content is None]
+            slot = next((s for s in candidates if not s.recorded), candidates[0] if candidates else None)
+        if slot is None or slot.content is not None:
+            return
+        slot.content = event.content or EMPTY_RESULT
+        while self._emitted < len(self._slots) and self._slots[self._emitted].content is not None:
+            self._emit(self._slots[self._emitted])
+
+    def _emit(self, slot: _Slot) -> None:
+        self._append({"role": "tool", "tool_call_id": slot.shown_id, "content": slot.content or NO_RESULT})
+        self._emitted += 1
+
+    def _close_answer(self) -> None:
+        """Every call of the latest answer gets its tool message before anything else is said."""
+        if not self._slots:
+            return
+        while self._emitted < len(self._slots):
+            self._emit(self._slots[self._emitted])
+        self._slots, self._emitted, self._by_seq, self._nested = [], 0, {}, set()

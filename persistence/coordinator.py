@@ -15,21 +15,28 @@ from __future__ import annotations
 import asyncio
 import time as _time
 from dataclasses import dataclass
+from typing import Iterable
 
 import anyio
+import msgspec
 
 from .backend import EncodedEvent, Writer
 from .errors import CheckpointFailed, PersistenceError
 from .events import (
     AnyEvent,
+    AssistantChunk,
     AssistantMessage,
     IgnorableEvent,
+    InvalidEvent,
+    ReasoningChunk,
     RequestHeader,
     ToolCall,
     check_event_finite,
     encode_event,
     encoder,
+    event_decoder,
 )
+from .sanitize import MIN_SECRET_CHARS, clean_struct
 
 DEFAULT_WINDOW = 0.02  # seconds; SPEC §1 allows at most 50 ms
 
@@ -40,6 +47,7 @@ DEFAULT_WINDOW = 0.02  # seconds; SPEC §1 allows at most 50 ms
 INLINE_IO_BUDGET = 0.001
 
 FREE_FORM = frozenset({RequestHeader, ToolCall, AssistantMessage, IgnorableEvent})
+CHUNKS = frozenset({AssistantChunk, ReasoningChunk})  # the hot path: one text field, type-checked without a decode
 
 
 class CoordinatorClosed(PersistenceError):
@@ -86,6 +94,14 @@ class Coordinator:
         self.closed = False
         self.stats = Stats()
         self.last_error: BaseException | None = None
+        self._secrets: tuple[str, ...] = ()  # longest first, so a secret containing another is replaced whole
+        self._secret_json: tuple[bytes, ...] = ()  # the same, as they appear inside encoded JSON strings
+
+    def add_secrets(self, values: "Iterable[str | None]") -> None:
+        """Values replaced by `***` in every event appended from now on (SPEC §5: nothing secret is written)."""
+        found = {v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET_CHARS} | set(self._secrets)
+        self._secrets = tuple(sorted(found, key=len, reverse=True))
+        self._secret_json = tuple(encoder.encode(s)[1:-1] for s in self._secrets)
 
     # -- appending -------------------------------------------------------------------------------------------------
 
@@ -94,28 +110,51 @@ class Coordinator:
         return self._next_seq
 
     def append(self, event: AnyEvent) -> AnyEvent:
-        """Stamp seq and time, queue for write-behind. Raises NonFiniteNumber before anything is queued.
+        """Stamp seq and time, queue for write-behind. Raises NonFiniteNumber or InvalidEvent before anything is
+        queued: the writer never stores what the reader would refuse (SPEC §2 rev 2).
 
         This is the streaming hot path (one call per chunk), so it does only what it must: the finiteness check for
-        the few types with free-form fields, one encode, and a wake-up only when write-behind is not already armed.
+        the few types with free-form fields, one encode (text that cannot be encoded, or that holds a secret, is
+        cleaned in place and encoded again), a validating decode for everything but chunks, and a wake-up only when
+        write-behind is not already armed.
         """
         if self.closed:
             raise CoordinatorClosed()
         cls = type(event)
         if cls in FREE_FORM:
             check_event_finite(event)
+        elif cls in CHUNKS and type(event.delta) is not str:  # type: ignore[union-attr]
+            raise InvalidEvent(f"{cls.__struct_config__.tag}: delta must be text")
         seq = self._next_seq
         event.seq = seq
         if cls is not IgnorableEvent or event.time <= 0:
             t = now_ms()
             event.time = t if t > self._last_time else self._last_time
+        data = self._encode(event)
+        if cls not in CHUNKS and cls is not IgnorableEvent:
+            try:
+                event_decoder.decode(data)
+            except (msgspec.ValidationError, msgspec.DecodeError) as e:
+                raise InvalidEvent(f"{cls.__struct_config__.tag} would not be readable: {e}") from None
         self._last_time = event.time
-        self._pending.append((seq, encoder.encode(event) if cls is not IgnorableEvent else encode_event(event)))
+        self._pending.append((seq, data))
         self._next_seq = seq + 1
         if not self._armed:
             self._armed = True
             self._wake.set()
         return event
+
+    def _encode(self, event: AnyEvent) -> bytes:
+        encode = encode_event if type(event) is IgnorableEvent else encoder.encode
+        try:
+            data = encode(event)
+        except UnicodeEncodeError:  # a lone surrogate from outside: store U+FFFD in its place
+            clean_struct(event, self._secrets)
+            return encode(event)
+        if self._secrets and any(s in data for s in self._secret_json):
+            clean_struct(event, self._secrets)
+            data = encode(event)
+        return data
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 

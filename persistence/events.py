@@ -28,6 +28,11 @@ TOOL_ERROR = "TOOL_ERROR"
 DENIED = "DENIED"
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
 BAD_ARGUMENTS = "BAD_ARGUMENTS"
+TRUNCATED = "TRUNCATED"  # rev 2: the call came from an answer cut off at the token limit and was not run
+# turn/end error codes worth naming (others come from providers: HTTP_<status>, TIMEOUT, …)
+MAX_TOKENS = "MAX_TOKENS"  # rev 2: the answer hit the output limit
+
+FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "other"]
 
 
 class SessionHeader(msgspec.Struct, kw_only=True):
@@ -84,12 +89,58 @@ class ToolCallRequest(msgspec.Struct, gc=False):
     arguments: Any  # parsed JSON object, or the raw string when the model sent invalid JSON
 
 
+class Usage(msgspec.Struct, gc=False):
+    """Token counts of one answer as the provider reported them; a count the provider did not give is null."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
 class AssistantMessage(Event, tag="assistant/message", kw_only=True):
     turn: int
     step: int
     text: str
     tool_calls: list[ToolCallRequest]
     interrupted: bool
+    # rev 2 (optional, so older logs load): the reasoning as streamed, what the provider needs back with it (e.g. a
+    # thinking signature), why the answer ended (null when interrupted), and token usage.
+    reasoning: str | None = None
+    reasoning_meta: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+class ReasoningChunk(Event, tag="reasoning/chunk", kw_only=True):
+    """Streamed reasoning (rev 2), write-behind like assistant/chunk. Marked ignorable: older readers skip it."""
+
+    turn: int
+    step: int
+    delta: str
+    ignorable: bool = True
+
+
+class RequestRetry(Event, tag="request/retry", kw_only=True):
+    """Appended before a retried request is sent again (rev 2). Ignorable."""
+
+    turn: int
+    step: int
+    attempt: int  # 2, 3, …
+    reason: str  # e.g. "HTTP 429"
+    delay_ms: int
+    ignorable: bool = True
+
+
+class ToolProgress(Event, tag="tool/progress", kw_only=True):
+    """The process a run_command call started (rev 2, write-behind), so recovery can tell whether it still runs."""
+
+    turn: int
+    step: int
+    call_id: str
+    pid: int
+    started: int  # ms
+    ignorable: bool = True
 
 
 class ApprovalAsked(Event, tag="approval/asked", kw_only=True):
@@ -161,7 +212,8 @@ class IgnorableEvent(msgspec.Struct, gc=False):
 
 KnownEvent = (
     TurnStart | StepStart | UserMessage | RequestHeader | AssistantChunk | AssistantMessage | ApprovalAsked
-    | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd
+    | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd | ReasoningChunk | RequestRetry
+    | ToolProgress
 )
 AnyEvent = KnownEvent | IgnorableEvent
 
@@ -187,6 +239,22 @@ def event_type(event: AnyEvent) -> str:
 def to_builtins(event: AnyEvent) -> dict[str, Any]:
     """The event as a plain dict in its on-disk shape (for `--json` output and tests)."""
     return raw_decoder.decode(encode_event(event))
+
+
+def usage_totals(events: list[AnyEvent], fields: tuple[str, ...] = ("input_tokens", "output_tokens")) -> dict[str, int | None]:
+    """Each count summed over the answers that reported it; null when no answer did (unknown is not zero)."""
+    totals: dict[str, int | None] = {name: None for name in fields}
+    for e in events:
+        if isinstance(e, AssistantMessage) and e.usage is not None:
+            for name in fields:
+                value = getattr(e.usage, name)
+                if value is not None:
+                    totals[name] = (totals[name] or 0) + value
+    return totals
+
+
+class InvalidEvent(ValueError):
+    """Raised at append for an event the reader would refuse (a field of the wrong type): the writer never stores it."""
 
 
 class NonFiniteNumber(ValueError):

@@ -4,6 +4,9 @@ A pure function of the loaded events, so the same log always repairs to the same
 step without a result gets one (NOT_STARTED when no `tool/call` was recorded, OUTCOME_UNKNOWN otherwise), then
 `step/end` if a step is open, then `turn/end` with reason `interrupted`. New events continue `seq` and reuse the last
 event's `time`.
+
+Calls are paired with their `tool/call` and result by position and `source_seq`, never by id alone: an old log may hold
+an id the model repeated within one answer or reused from an earlier one, and each of those calls is still one call.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from .events import (
     StepEnd,
     StepStart,
     ToolCall,
+    ToolCallRequest,
     ToolResult,
     TurnEnd,
     TurnStart,
@@ -63,20 +67,42 @@ def repair_interrupted_turn(events: list[AnyEvent]) -> list[AnyEvent]:
     tail = events[turn_start:]
 
     open_step: StepStart | None = None
-    message: AssistantMessage | None = None
-    calls: dict[str, ToolCall] = {}
-    results: set[str] = set()
+    slots: list[_Slot] = []  # the calls of the open step's answer, in the model's order
+    recorded: dict[int, ToolCall] = {}  # seq -> every tool/call of the open step
+    parent_of: dict[int, int | None] = {}  # seq of a nested tool/call -> seq of the call that made it
+    answered: set[int] = set()  # seqs of the tool/calls that have a result
     for e in tail:
         if isinstance(e, StepStart):
-            open_step, message, calls, results = e, None, {}, set()
+            open_step, slots, recorded, parent_of, answered = e, [], {}, {}, set()
         elif isinstance(e, StepEnd):
             open_step = None
         elif isinstance(e, AssistantMessage):
-            message = e
+            slots = [_Slot(request) for request in e.tool_calls]
         elif isinstance(e, ToolCall):
-            calls[e.call_id] = e
+            recorded[e.seq] = e
+            if e.parent_call_id is None:
+                # the model's calls run in its order, so a recorded call is the first of its id not yet begun or answered
+                slot = next((s for s in slots if s.request.call_id == e.call_id and s.call is None and not s.done), None)
+                if slot is not None:
+                    slot.call = e
+            else:
+                # a nested call is made by the running call of that id: the latest recorded one still without a result
+                parent_of[e.seq] = next(
+                    (seq for seq in reversed(recorded)
+                     if seq != e.seq and recorded[seq].call_id == e.parent_call_id and seq not in answered),
+                    None,
+                )
         elif isinstance(e, ToolResult):
-            results.add(e.call_id)
+            if e.source_seq is not None and e.source_seq in recorded:
+                answered.add(e.source_seq)
+                slot = next((s for s in slots if s.call is not None and s.call.seq == e.source_seq), None)
+            else:  # no tool/call behind it (not started, denied, unknown tool, truncated): first open call of that id
+                open_ = [s for s in slots if s.request.call_id == e.call_id and not s.done]
+                slot = next((s for s in open_ if s.call is None), open_[0] if open_ else None)
+                if slot is not None and slot.call is not None:
+                    answered.add(slot.call.seq)
+            if slot is not None:
+                slot.done = True
 
     last = events[-1]
     seq, time = last.seq + 1, last.time
@@ -88,34 +114,45 @@ def repair_interrupted_turn(events: list[AnyEvent]) -> list[AnyEvent]:
         seq += 1
         closing.append(event)
 
-    def close_nested(parent_id: str) -> None:
-        """Nested calls it made (parent_call_id), at any depth, close before it does, innermost first."""
-        for nested in calls.values():
-            if nested.parent_call_id == parent_id and nested.call_id not in results:
-                results.add(nested.call_id)  # before recursing, so a malformed parent cycle cannot loop forever
-                close_nested(nested.call_id)
+    def close_nested(parent_seq: int) -> None:
+        """Nested calls it made, at any depth, close before it does, innermost first."""
+        for nested_seq, nested in recorded.items():
+            if parent_of.get(nested_seq) == parent_seq and nested_seq not in answered:
+                answered.add(nested_seq)  # before recursing, so a malformed parent cycle cannot loop forever
+                close_nested(nested_seq)
                 add(_unknown(nested))
 
     if open_step is not None:
         t, s = open_step.turn, open_step.step
-        if message is not None:
-            for request in message.tool_calls:
-                if request.call_id in results:
-                    continue
-                close_nested(request.call_id)
-                call = calls.get(request.call_id)
-                if call is None:
-                    add(
-                        ToolResult(
-                            turn=t, step=s, call_id=request.call_id, is_error=True,
-                            content=not_started_text(request.name), error_code=TOOL_NOT_STARTED, source_seq=None,
-                        )
+        for slot in slots:
+            if slot.done:
+                continue
+            if slot.call is None:
+                request = slot.request
+                add(
+                    ToolResult(
+                        turn=t, step=s, call_id=request.call_id, is_error=True,
+                        content=not_started_text(request.name), error_code=TOOL_NOT_STARTED, source_seq=None,
                     )
-                else:
-                    add(_unknown(call))
+                )
+            else:
+                answered.add(slot.call.seq)
+                close_nested(slot.call.seq)
+                add(_unknown(slot.call))
         add(StepEnd(turn=t, step=s))
     add(TurnEnd(turn=turn.turn, reason="interrupted", error=None))
     return closing
+
+
+class _Slot:
+    """One call the model asked for, paired by position with its tool/call and result (ids may repeat in old logs)."""
+
+    __slots__ = ("request", "call", "done")
+
+    def __init__(self, request: ToolCallRequest) -> None:
+        self.request = request
+        self.call: ToolCall | None = None
+        self.done = False
 
 
 def _unknown(call: ToolCall) -> ToolResult:

@@ -6,7 +6,7 @@ releases the lock, in that order.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from .coordinator import DEFAULT_WINDOW, Coordinator
 from .events import AnyEvent, SessionHeader
@@ -38,6 +38,10 @@ class LiveSession:
         for listener in self._listeners:
             listener(event)
         return event
+
+    def add_secrets(self, values: Iterable[str | None]) -> None:
+        """Secret values (an API key, credentials in a base URL) replaced by `***` in every event appended from now."""
+        self.coordinator.add_secrets(values)
 
     async def flush(self) -> None:
         """A barrier: everything appended so far is durable when this returns (raises CheckpointFailed otherwise)."""

@@ -71,7 +71,7 @@ async def test_two_tool_step_emits_approvals_calls_and_results_in_order(tmp_path
     assert types(events) == [
         "turn/start", "step/start", "user/message", "request/header", "assistant/chunk", "assistant/message",
         "approval/asked", "approval/decided", "tool/call", "tool/result",
-        "approval/asked", "approval/decided", "tool/call", "tool/result",
+        "approval/asked", "approval/decided", "tool/call", "tool/progress", "tool/result",
         "step/end", "step/start", "request/header", "assistant/chunk", "assistant/message", "step/end", "turn/end",
     ]
     calls = [e for e in events if isinstance(e, ToolCall)]
@@ -176,8 +176,8 @@ async def test_cancel_mid_tool_kills_the_command_and_records_outcome_unknown(tmp
             agent.loop.cancel()
         events = agent.session.events
     assert after_message(events) == [
-        "assistant/message", "approval/asked", "approval/decided", "tool/call", "tool/result", "tool/result",
-        "step/end", "turn/end",
+        "assistant/message", "approval/asked", "approval/decided", "tool/call", "tool/progress", "tool/result",
+        "tool/result", "step/end", "turn/end",
     ]
     first, second = results(events)
     assert first.error_code == "TOOL_OUTCOME_UNKNOWN" and first.source_seq is not None

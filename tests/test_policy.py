@@ -47,7 +47,7 @@ class RecordingProvider:
 
         async def gen() -> AsyncIterator[Any]:
             yield TextDelta("hi")
-            yield StreamEnd([])
+            yield StreamEnd([], "stop")
 
         return gen()
 

@@ -173,3 +173,129 @@ def test_repair_leaves_a_well_formed_log(log):
 
     assert repair_interrupted_turn(repaired) == []  # idempotent
     assert [encode_event(e) for e in repair_interrupted_turn(log)] == [encode_event(e) for e in repair]
+
+
+# -- repeated ids: repair pairs by position and source_seq, never by id alone ----------------------------------------
+
+
+class _Truth:
+    """What the generator knows about each call, so the check does not share repair's own pairing logic."""
+
+    def __init__(self) -> None:
+        self.answers: dict[int, list[dict]] = {}  # index of an assistant/message -> its calls, in the model's order
+        self.nested: list[dict] = []  # {"seq", "parent_seq", "result_at"}
+
+
+@st.composite
+def sessions_with_repeated_ids(draw) -> tuple[list[AnyEvent], _Truth]:
+    """Like `sessions`, but ids come from a tiny pool, so a model repeats one within an answer and reuses earlier
+    ones (as some servers and local models do); nested ids (`<parent>.<n>`) then collide too."""
+    events: list[AnyEvent] = []
+    truth = _Truth()
+    fresh = itertools.count(1)
+
+    def emit(event: AnyEvent) -> AnyEvent:
+        event.seq, event.time = len(events), 1_000 + 3 * len(events)
+        events.append(event)
+        return event
+
+    def run(turn: int, step: int, call_id: str, name: str, safety: str, parent: tuple[str, int] | None,
+            depth: int) -> tuple[int, int]:
+        call = emit(ToolCall(turn=turn, step=step, call_id=call_id, name=name, arguments={},
+                             safety=safety, parent_call_id=parent[0] if parent else None))
+        if depth < 2:
+            for k in range(draw(st.integers(0, 1))):
+                nested_name, nested_safety = draw(st.sampled_from(TOOLS))
+                record = {"seq": None, "parent_seq": call.seq, "result_at": None}
+                truth.nested.append(record)
+                record["seq"], record["result_at"] = run(turn, step, f"{call_id}.{k + 1}", nested_name, nested_safety,
+                                                         (call_id, call.seq), depth + 1)
+        result = emit(ToolResult(turn=turn, step=step, call_id=call_id, is_error=False, content="out",
+                                 error_code=None, source_seq=call.seq))
+        return call.seq, result.seq
+
+    for turn in range(1, draw(st.integers(1, 3)) + 1):
+        emit(TurnStart(turn=turn))
+        steps = draw(st.integers(1, 3))
+        for step in range(1, steps + 1):
+            emit(StepStart(turn=turn, step=step))
+            if step == 1:
+                emit(UserMessage(turn=turn, step=step, text="go"))
+            n_calls = draw(st.integers(1, 3)) if step < steps else 0
+            ids = [draw(st.sampled_from(["a", "a", "b", "a-dup", f"f{next(fresh)}"])) for _ in range(n_calls)]
+            requests = [ToolCallRequest(i, draw(st.sampled_from(TOOLS))[0], {}) for i in ids]
+            message = emit(AssistantMessage(turn=turn, step=step, text="", tool_calls=requests, interrupted=False))
+            calls = truth.answers[message.seq] = []
+            for request in requests:
+                safety = dict(TOOLS)[request.name]
+                record = {"call_id": request.call_id, "name": request.name, "call_seq": None, "result_at": None}
+                calls.append(record)
+                how = draw(st.sampled_from(["run", "run", "run", "denied", "unknown_tool"]))
+                if how == "run" and safety != "read_only":
+                    emit(ApprovalAsked(turn=turn, step=step, call_id=request.call_id))
+                    emit(ApprovalDecided(turn=turn, step=step, call_id=request.call_id, decision="allowed_once"))
+                if how == "run":
+                    record["call_seq"], record["result_at"] = run(turn, step, request.call_id, request.name, safety,
+                                                                  None, 0)
+                else:
+                    result = emit(ToolResult(turn=turn, step=step, call_id=request.call_id, is_error=True,
+                                             content="no", error_code="DENIED" if how == "denied" else "UNKNOWN_TOOL",
+                                             source_seq=None))
+                    record["result_at"] = result.seq
+            emit(StepEnd(turn=turn, step=step))
+        emit(TurnEnd(turn=turn, reason="completed", error=None))
+
+    after_a_call = [i + 1 for i, e in enumerate(events) if isinstance(e, ToolCall)]
+    anywhere = st.integers(0, len(events))
+    cut = draw(st.one_of(anywhere, st.sampled_from(after_a_call)) if after_a_call else anywhere)
+    return events[:cut], truth
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions_with_repeated_ids())
+def test_repair_gives_every_unanswered_call_exactly_one_result_even_when_ids_repeat(case):
+    log, truth = case
+    cut = len(log)
+    repair = repair_interrupted_turn(log)
+    repaired = log + repair
+    assert [e.seq for e in repaired] == list(range(len(repaired)))
+
+    # the open step (if the log ends inside a turn) and its answer, from what the generator wrote
+    last_turn = max((i for i, e in enumerate(log) if isinstance(e, TurnStart)), default=None)
+    if last_turn is None or any(isinstance(e, TurnEnd) for e in log[last_turn:]):
+        assert repair == []
+        return
+    last_step = max((i for i, e in enumerate(log) if isinstance(e, StepStart) and i > last_turn), default=None)
+    step_open = last_step is not None and not any(isinstance(e, StepEnd) for e in log[last_step:])
+    answer_at = next((i for i in range(len(log) - 1, -1, -1) if isinstance(log[i], AssistantMessage)), None)
+    calls = truth.answers[answer_at] if step_open and answer_at is not None and answer_at > last_step else []
+
+    def missing(record: dict) -> bool:
+        return record["result_at"] is None or record["result_at"] >= cut
+
+    expected_top = [
+        (r["call_id"], TOOL_OUTCOME_UNKNOWN, r["call_seq"]) if r["call_seq"] is not None and r["call_seq"] < cut
+        else (r["call_id"], TOOL_NOT_STARTED, None)
+        for r in calls if missing(r)
+    ]
+    top_seqs = {r["call_seq"] for r in calls if r["call_seq"] is not None}
+    results = [e for e in repair if isinstance(e, ToolResult)]
+    top = [r for r in results if r.source_seq is None or r.source_seq in top_seqs]
+    assert [(r.call_id, r.error_code, r.source_seq) for r in top] == expected_top
+    for r in top:
+        if r.error_code == TOOL_OUTCOME_UNKNOWN:
+            name = next(c["name"] for c in calls if c["call_seq"] == r.source_seq)
+            assert r.content.startswith(f"TOOL_OUTCOME_UNKNOWN: Cairn stopped (crash or kill) while this call to `{name}`")
+
+    # a nested call still running gets exactly one OUTCOME_UNKNOWN, before the result of the call that made it
+    open_nested = [n for n in truth.nested if n["seq"] < cut and n["result_at"] >= cut]
+    nested = [r for r in results if r not in top]
+    assert sorted(r.source_seq for r in nested) == sorted(n["seq"] for n in open_nested)
+    assert all(r.error_code == TOOL_OUTCOME_UNKNOWN for r in nested)
+    where = {r.source_seq: i for i, r in enumerate(results)}
+    for n in open_nested:
+        assert where[n["seq"]] < where[n["parent_seq"]]
+
+    assert isinstance(repair[-1], TurnEnd) and repair[-1].reason == "interrupted"
+    assert repair_interrupted_turn(repaired) == []
+    assert [encode_event(e) for e in repair_interrupted_turn(log)] == [encode_event(e) for e in repair]

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol
 
+from cairn.persistence.events import Usage
+
 
 @dataclass(frozen=True)
 class ToolSchema:
@@ -33,6 +35,13 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ReasoningDelta:
+    """A piece of the model's reasoning (DeepSeek `reasoning_content`, `reasoning`, Anthropic thinking)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class RawToolCall:
     """A complete tool call. `arguments` is the raw JSON text the model produced (it may be invalid JSON)."""
 
@@ -44,18 +53,33 @@ class RawToolCall:
 @dataclass(frozen=True)
 class StreamEnd:
     tool_calls: list[RawToolCall]
+    # stop | tool_calls | length | content_filter | other (providers map their own words onto these); None means the
+    # stream never said why it ended, which the loop treats as a malformed stream.
     finish_reason: str | None = None
+    usage: Usage | None = None
+    reasoning_meta: dict[str, Any] | None = None  # what the provider needs sent back with the reasoning
 
 
-StreamItem = TextDelta | StreamEnd
+StreamItem = TextDelta | ReasoningDelta | StreamEnd
+
+# HTTP statuses worth another attempt when no delta of the answer has arrived yet (SPEC §7 rev 2)
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
 class ProviderError(Exception):
-    """A provider failed (HTTP status, timeout, malformed stream). The message is one readable line with no secrets."""
+    """A provider failed (HTTP status, timeout, malformed stream). The message is one readable line with no secrets.
 
-    def __init__(self, message: str, code: str = "PROVIDER_ERROR") -> None:
+    `retryable`: the same request may succeed if sent again (a retryable HTTP status, a connection failure) — the loop
+    retries only when no delta of the answer had arrived. `retry_after`: seconds the server asked us to wait.
+    """
+
+    def __init__(
+        self, message: str, code: str = "PROVIDER_ERROR", retryable: bool = False, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.retryable = retryable
+        self.retry_after = retry_after
 
 
 class Provider(Protocol):
@@ -63,7 +87,7 @@ class Provider(Protocol):
     model: str
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        """Stream the answer: any number of TextDelta, then exactly one StreamEnd. Raise ProviderError on failure.
+        """Stream the answer: any number of TextDelta / ReasoningDelta, then exactly one StreamEnd. Raise ProviderError on failure.
 
         Calling this must not contact anything: work starts on first iteration (the pre-request barrier relies on it).
         """

@@ -2,9 +2,12 @@
 
     {"responses": [{"text": "…", "tool_calls": [{"name": "run_command", "arguments": {"command": "…"}}]}, {"text": "…"}]}
 
-Per response, optional: "chunks" (pieces to stream the text in), "delay_ms" (pause between pieces). A tool call's
-"arguments" may be a string, sent to the loop as-is (so a script can exercise invalid JSON); "call_id" is optional.
-When the list is exhausted it answers with a short final text and no tool calls.
+Per response, optional: "chunks" (pieces to stream the text in), "delay_ms" (pause between pieces), and, to exercise
+rev 2 behaviour without a server, "reasoning" (text streamed as reasoning before the answer), "finish_reason" (default
+"tool_calls" when there are calls, else "stop"; "length" plays an answer cut off at the token limit) and "usage"
+(`{"input_tokens": …, "output_tokens": …}`). A tool call's "arguments" may be a string, sent to the loop as-is (so a
+script can exercise invalid JSON); "call_id" is optional (a string). When the list is exhausted it answers with a short
+final text and no tool calls.
 """
 
 from __future__ import annotations
@@ -15,9 +18,17 @@ from typing import Any, AsyncIterator
 
 import anyio
 
-from .base import ModelRequest, RawToolCall, StreamEnd, StreamItem, TextDelta
+from cairn.persistence.events import Usage
+
+from .base import ModelRequest, RawToolCall, ReasoningDelta, StreamEnd, StreamItem, TextDelta
 
 EXHAUSTED_TEXT = "(The script has no more responses.)"
+FINISH_REASONS = ("stop", "tool_calls", "length", "content_filter", "other")
+USAGE_KEYS = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
+
+
+def _count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
 class ScriptError(ValueError):
@@ -47,8 +58,14 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
         where = f"script file {path}: responses[{i}]"
         if not isinstance(r, dict):
             raise ScriptError(f"{where} must be an object")
-        if not isinstance(r.get("text", ""), str):
-            raise ScriptError(f'{where}: "text" must be a string')
+        for key in ("text", "reasoning"):
+            if not isinstance(r.get(key, ""), str):
+                raise ScriptError(f'{where}: "{key}" must be a string')
+        if r.get("finish_reason", "stop") not in FINISH_REASONS:
+            raise ScriptError(f'{where}: "finish_reason" must be one of {", ".join(sorted(FINISH_REASONS))}')
+        usage = r.get("usage", {})
+        if not isinstance(usage, dict) or any(k not in USAGE_KEYS or not _count(v) for k, v in usage.items()):
+            raise ScriptError(f'{where}: "usage" must be an object of token counts ({", ".join(USAGE_KEYS)})')
         for key in ("chunks", "delay_ms"):
             if key in r and (not isinstance(r[key], int) or isinstance(r[key], bool) or r[key] < 0):
                 raise ScriptError(f'{where}: "{key}" must be a non-negative integer')
@@ -58,6 +75,8 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
         for j, c in enumerate(calls):
             if not isinstance(c, dict) or not isinstance(c.get("name"), str):
                 raise ScriptError(f'{where}.tool_calls[{j}] must be an object with a "name" string')
+            if not isinstance(c.get("call_id", ""), str):
+                raise ScriptError(f'{where}.tool_calls[{j}]: "call_id" must be a string')
     return responses
 
 
@@ -75,6 +94,8 @@ class ScriptProvider:
         self.requests_served += 1
         entry = self.responses[index] if index < len(self.responses) else {"text": EXHAUSTED_TEXT}
         delay = entry.get("delay_ms", 0) / 1000
+        if entry.get("reasoning"):
+            yield ReasoningDelta(entry["reasoning"])
         pieces = split_text(entry.get("text", ""), entry.get("chunks", 1))
         for i, piece in enumerate(pieces):
             if delay and i:
@@ -85,7 +106,8 @@ class ScriptProvider:
             args = c.get("arguments", {})
             raw = args if isinstance(args, str) else json.dumps(args)
             calls.append(RawToolCall(c.get("call_id") or f"call_{request.turn}_{request.step}_{i + 1}", c["name"], raw))
-        yield StreamEnd(calls, "tool_calls" if calls else "stop")
+        usage = Usage(**entry["usage"]) if entry.get("usage") else None
+        yield StreamEnd(calls, entry.get("finish_reason") or ("tool_calls" if calls else "stop"), usage)
 
     async def aclose(self) -> None:
         pass

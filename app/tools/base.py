@@ -31,6 +31,8 @@ class ToolContext:
     parent_call_id: str | None
     # Run another tool through the registry as a nested call of this one (records tool/call with parent_call_id).
     dispatch: Callable[[str, dict[str, Any]], Awaitable[str]]
+    # Record that the body started a process (pid, start time in ms): appends `tool/progress` (write-behind).
+    progress: Callable[[int, int], None] = lambda pid, started: None
 
 
 ToolBody = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
