@@ -13,14 +13,34 @@ In process (pytest)::
 Out of process (a subprocess test or the crash harness)::
 
     python tests/openai_server.py --script script.json --port-file port.txt \
-        [--marker-file markers.jsonl] [--release-file release.flag] [--requests-file requests.jsonl]
+        [--marker-file markers.jsonl] [--release-file release.flag] [--requests-file requests.jsonl] [--no-strict]
 
-`script.json` is a list of behaviours or `{"responses": [...], "default": {...}}`. The bound port is written
-(atomically) to the port file once the server listens; then point `CAIRN_BASE_URL` at `http://127.0.0.1:<port>/v1`.
+`script.json` is a list of behaviours or `{"responses": [...], "default": {...}, "strict": true}`. The bound port is
+written (atomically) to the port file once the server listens; then point `CAIRN_BASE_URL` at `http://127.0.0.1:<port>/v1`.
 The server runs until SIGTERM/SIGINT.
 
 Test modules import it as `openai_server` (pytest puts tests/ on sys.path); `from openai_server import openai_server`
 brings in a fixture yielding a started, empty server.
+
+Strict mode (on by default)
+---------------------------
+Every POST to `.../chat/completions` has its `messages` checked with `conversation_violations()` from
+`tests/conversation_rules.py`, and a conversation the strictest real servers would refuse is refused the way they do it
+(only the first violation is reported, as they do):
+
+- `first_not_user`, `alternation` → 400 "Conversation roles must alternate user/assistant/user/assistant/..."
+  (llama.cpp / Jinja chat templates);
+- `bad_arguments` → 500 "Failed to parse tool call arguments as JSON" (llama.cpp);
+- `unanswered_tool_call`, `orphan_tool_message`, `duplicate_id` → 400 "An assistant message with 'tool_calls' must be
+  followed by tool messages responding to each 'tool_call_id'. …" (OpenAI);
+- `missing_reasoning` → 400 "Missing `reasoning_content` field in the assistant message at message index N"
+  (DeepSeek thinking mode; checked only when the answer that would be given has `require_reasoning: true`);
+- `bad_content` → 400 "Invalid value for 'messages[N].content' …"; a body without a `messages` list → 400.
+
+A refused request is still recorded (`RecordedRequest.refused` = the status, `.violations` = what was found;
+`server.refusals` lists them), and it does not use up the scripted answer: the next request gets it. Turn strict mode
+off with `OpenAIServer(strict=False)`, `--no-strict`, `"strict": false` in a script file, or per answer with
+`"strict": false` in that behaviour (the check then never runs for the request that takes it).
 
 Behaviours
 ----------
@@ -46,6 +66,12 @@ process only). When the queue is empty the `default` behaviour answers (by defau
 - `close`: stream like `text`, but after `after` data events close the connection abruptly (the chunked body is never
   terminated, so the client sees the peer vanish mid-stream).
 
+Helpers for the rev 2 cases: `reasoning` (option below), `cut_off(calls, keep)` (a `tool_calls` answer stopped by the
+token limit inside the arguments), `failing(status, times, then, retry_after=…)` (a list: `times` error answers with a
+`Retry-After` header, then `then`; push it with `server.push(*failing(...))`), `stream_error(text, after=…)` (an error
+object in the stream after some deltas). Repeated tool call ids are given as they are (`tool_calls([{"id": "c"},
+{"id": "c"}])`).
+
 Options for the streaming kinds (`text`, `tool_calls`, `raw`, `malformed`, `close`):
 - `delay_ms`: pause between data events;
 - `fragment`: write each event in pieces of this many bytes, flushed separately with a short pause, so a JSON payload
@@ -57,6 +83,21 @@ Options for the streaming kinds (`text`, `tool_calls`, `raw`, `malformed`, `clos
   finish reason;
 - `role_chunk`: send a first `{"role": "assistant", "content": ""}` delta (default true); `model`: the model echoed in
   chunks (default: the request's); `comments`: send an SSE comment and an `event:` line first (default false).
+
+Options for `text`, `tool_calls` and `close`:
+- `reasoning`: text streamed first as reasoning deltas, in `reasoning_chunks` pieces (default 1) or explicit
+  `reasoning_deltas`; `reasoning_field`: `"reasoning_content"` (DeepSeek, vLLM, llama.cpp; default) or `"reasoning"`
+  (OpenRouter, Ollama);
+- usage: when the request has `stream_options.include_usage` true, every chunk carries `"usage": null` and a last
+  chunk `{"choices": [], "usage": {...}}` follows the finish chunk, as OpenAI does. `usage`: the usage object to send
+  (default: counts estimated from the sizes, 4 characters a token); `usage: false` never sends one;
+  `usage_in_finish: true` puts it on the finish chunk instead (some servers do);
+- `truncate_args` (`tool_calls` only): the answer stops after that many characters of arguments (counted over the calls
+  in order; later calls never start) with `finish_reason: "length"`;
+- `error_after`: after that many data events send `data: {"error": {"message": error_message, "code": error_status}}`
+  (default 503) and end the body without `[DONE]`;
+- `require_reasoning`: strict mode also refuses assistant messages without `reasoning_content` (DeepSeek thinking);
+- `strict`: false skips strict mode for the request this answers.
 
 Hooks for "request received" / "held mid-stream"
 -----------------------------------------------
@@ -123,6 +164,25 @@ def close(text: str, chunks: int = 4, after: int = 2, **options: Any) -> Behavio
     return {"kind": "close", "text": text, "chunks": chunks, "after": after, **options}
 
 
+def cut_off(calls: list[dict[str, Any]], keep: int, text: str = "", **options: Any) -> Behaviour:
+    """A tool-call answer stopped by the output-token limit after `keep` characters of arguments."""
+    return tool_calls(calls, text=text, truncate_args=keep, **options)
+
+
+def failing(status: int, times: int, then: Behaviour, retry_after: str | float | None = None,
+            message: str = "temporarily unavailable", **options: Any) -> list[Behaviour]:
+    """`times` answers with HTTP `status` (and `Retry-After: retry_after` when given), then `then`."""
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    return [error(status, message, headers=headers, **options) for _ in range(times)] + [then]
+
+
+def stream_error(text: str, after: int = 2, status: int = 503, message: str = "upstream overloaded",
+                 chunks: int = 4, **options: Any) -> Behaviour:
+    """A `text` answer that, after `after` data events (the role chunk counts), reports an error inside the stream."""
+    return {"kind": "text", "text": text, "chunks": chunks, "error_after": after, "error_status": status,
+            "error_message": message, **options}
+
+
 EXHAUSTED: Behaviour = {"kind": "error", "status": 500, "message": "openai_server: script exhausted"}
 
 # --------------------------------------------------------------------------- recording
@@ -137,12 +197,15 @@ class RecordedRequest:
     body: Any  # parsed JSON, or None
     raw: bytes = b""
     time: float = field(default_factory=time.time)
+    refused: int | None = None  # the status of a strict-mode refusal
+    violations: list[Any] = field(default_factory=list)  # conversation_rules.Violation items found in strict mode
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
 
     def to_json(self) -> dict[str, Any]:
-        return {"n": self.n, "method": self.method, "path": self.path, "headers": self.headers, "body": self.body}
+        return {"n": self.n, "method": self.method, "path": self.path, "headers": self.headers, "body": self.body,
+                "refused": self.refused}
 
 
 def _split(s: str, n: int) -> list[str]:
@@ -189,7 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         req = self._record(b"")
-        if req.path.rstrip("/").endswith("/models"):
+        if req.path.split("?", 1)[0].rstrip("/").endswith("/models"):
             self._send_json(200, {"object": "list", "data": [{"id": "test-model", "object": "model"}]})
         else:
             self._send_json(404, {"error": {"message": f"no route for GET {req.path}", "type": "not_found"}})
@@ -197,11 +260,21 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        req = self._record(body)
-        if not req.path.rstrip("/").endswith("/chat/completions"):
+        owner = self.server.owner
+        req = self._record(body, publish=False)
+        if not req.path.split("?", 1)[0].rstrip("/").endswith("/chat/completions"):  # Azure keeps a query
+            owner._publish(req)
             self._send_json(404, {"error": {"message": f"no route for POST {req.path}", "type": "not_found"}})
             return
-        behaviour = self.server.owner._next_behaviour(req)
+        behaviour, queued = owner._next_behaviour(req)
+        refusal = owner._refusal(req, behaviour)
+        owner._publish(req)  # after the verdict, so whoever sees the request also sees `refused`
+        if refusal is not None:
+            if queued:
+                owner._unshift(behaviour)  # a refusal is not a scripted answer: the next request gets this one
+            status, obj = refusal
+            self._send_json(status, obj)
+            return
         try:
             self._run(behaviour, req)
         except _Stop:
@@ -209,13 +282,17 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError):
             self.close_connection = True  # the client went away
 
-    def _record(self, body: bytes) -> RecordedRequest:
+    def _record(self, body: bytes, publish: bool = True) -> RecordedRequest:
         try:
             parsed = json.loads(body) if body else None
         except ValueError:
             parsed = None
         headers = {k.lower(): v for k, v in self.headers.items()}
-        return self.server.owner._record(self.command, self.path, headers, parsed, body)
+        owner = self.server.owner
+        req = owner._new_request(self.command, self.path, headers, parsed, body)
+        if publish:
+            owner._publish(req)
+        return req
 
     # -- behaviours
 
@@ -278,16 +355,28 @@ class _Handler(BaseHTTPRequestHandler):
         events: list[tuple[str, Any]] = []
         if b.get("role_chunk", True):
             events.append(("delta", ({"role": "assistant", "content": ""}, None)))
+        reasoning = b.get("reasoning_deltas")
+        if reasoning is None:
+            reasoning = _split(str(b.get("reasoning") or ""), int(b.get("reasoning_chunks", 1)))
+        field_name = b.get("reasoning_field", "reasoning_content")
+        events.extend(("delta", ({field_name: r}, None)) for r in reasoning)
         deltas = b.get("deltas")
         if deltas is None:
             deltas = _split(str(b.get("text") or ""), int(b.get("chunks", 1)))
         events.extend(("delta", ({"content": d}, None)) for d in deltas)
+        args_sent = 0
+        budget = b.get("truncate_args")  # characters of arguments left before the token limit cuts the answer
         if kind == "tool_calls":
             per_call: list[list[dict[str, Any]]] = []
             for i, call in enumerate(b.get("tool_calls") or []):
+                if budget is not None and budget <= 0 and per_call:
+                    break  # the limit was reached inside an earlier call: this one never starts
                 args = call.get("arguments", {})
                 if not isinstance(args, str):
                     args = json.dumps(args)
+                if budget is not None:
+                    args, budget = args[: max(budget, 0)], budget - len(args)
+                args_sent += len(args)
                 first: dict[str, Any] = {"index": call.get("index", i), "type": "function"}
                 if call.get("id") is not None:
                     first["id"] = call["id"]
@@ -310,10 +399,38 @@ class _Handler(BaseHTTPRequestHandler):
                     order = [d for p in per_call for d in p]
                 events.extend(("delta", ({"tool_calls": [d]}, None)) for d in order)
         default_finish = "tool_calls" if kind == "tool_calls" else "stop"
+        if b.get("truncate_args") is not None:
+            default_finish = "length"
         finish = b.get("finish_reason", default_finish)
+        usage = self._usage(b, req, sum(map(len, deltas)) + args_sent, sum(map(len, reasoning)))
         if finish is not None:
-            events.append(("delta", ({}, finish)))
+            if usage is not None and b.get("usage_in_finish"):
+                events.append(("delta", ({}, finish, usage)))
+                usage = None
+            else:
+                events.append(("delta", ({}, finish)))
+        if usage is not None:
+            events.append(("usage", usage))
         return events
+
+    @staticmethod
+    def _usage(b: Behaviour, req: RecordedRequest, answer_chars: int, reasoning_chars: int) -> dict[str, Any] | None:
+        """The usage object to send, or None when the request did not ask for one (or the behaviour says never)."""
+        body = req.body if isinstance(req.body, dict) else {}
+        options = body.get("stream_options")
+        if not (isinstance(options, dict) and options.get("include_usage")) or b.get("usage") is False:
+            return None
+        if isinstance(b.get("usage"), dict):
+            return b["usage"]
+        prompt = max(1, len(json.dumps(body.get("messages") or [])) // 4)
+        reasoning_tokens = reasoning_chars // 4
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": max(1, answer_chars // 4) + reasoning_tokens,
+            "total_tokens": prompt + max(1, answer_chars // 4) + reasoning_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        }
 
     def _stream(self, b: Behaviour, req: RecordedRequest, events: list[tuple[str, Any]]) -> None:
         owner = self.server.owner
@@ -328,7 +445,11 @@ class _Handler(BaseHTTPRequestHandler):
         fragment = int(b.get("fragment", 0))
         hold_after = b.get("hold_after")
         close_after = int(b["after"]) if b.get("kind") == "close" else None
+        error_after = int(b["error_after"]) if b.get("error_after") is not None else None
         gate = b.get("gate", "default")
+        body = req.body if isinstance(req.body, dict) else {}
+        options = body.get("stream_options")
+        with_usage = isinstance(options, dict) and bool(options.get("include_usage")) and b.get("usage") is not False
         if b.get("comments"):
             self._chunk(b": keep-alive\n\nevent: message\n", 0)
         sent = 0
@@ -337,19 +458,28 @@ class _Handler(BaseHTTPRequestHandler):
                 owner._hold(gate, req)
             if close_after is not None and sent == close_after:
                 self._cut()
+            if error_after is not None and sent == error_after:
+                self._stream_error(b, fragment)
+                return
             if i and delay:
                 time.sleep(delay)
             if what == "raw":
                 data = value.encode()
             else:
-                delta, finish = value
                 chunk = {
                     "id": f"chatcmpl-test-{req.n}",
                     "object": "chat.completion.chunk",
                     "created": int(req.time),
                     "model": model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                    "choices": [],
                 }
+                if what == "usage":
+                    chunk["usage"] = value
+                else:
+                    delta, finish = value[0], value[1]
+                    chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+                    if with_usage:
+                        chunk["usage"] = value[2] if len(value) > 2 else None
                 data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
             self._chunk(data, fragment)
             sent += 1
@@ -357,8 +487,20 @@ class _Handler(BaseHTTPRequestHandler):
             owner._hold(gate, req)
         if close_after is not None:
             self._cut()
+        if error_after is not None:
+            self._stream_error(b, fragment)
+            return
         if b.get("done", b.get("kind") not in ("raw", "malformed")):
             self._chunk(b"data: [DONE]\n\n", fragment)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _stream_error(self, b: Behaviour, fragment: int) -> None:
+        """An error object inside a stream that already started (how OpenAI-compatible routers report a failure once
+        the 200 status is out), then the end of the body without [DONE]."""
+        status = int(b.get("error_status", 503))
+        error_obj = {"message": str(b.get("error_message", "upstream error")), "type": "server_error", "code": status}
+        self._chunk(b"data: " + json.dumps({"error": error_obj}).encode() + b"\n\n", fragment)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
@@ -407,7 +549,9 @@ class OpenAIServer:
         marker_file: str | os.PathLike[str] | None = None,
         release_file: str | os.PathLike[str] | None = None,
         requests_file: str | os.PathLike[str] | None = None,
+        strict: bool = True,
     ) -> None:
+        self.strict = strict
         self._queue: list[ScriptEntry] = list(script or [])
         self.default = default or EXHAUSTED
         self._host = host
@@ -417,6 +561,7 @@ class OpenAIServer:
         self.requests_file = os.fspath(requests_file) if requests_file else None
         self._lock = threading.Condition()
         self._requests: list[RecordedRequest] = []
+        self._counter = 0
         self._holds = 0
         self._gates: dict[str, threading.Event] = {}
         self._connections: set[socket.socket] = set()
@@ -487,10 +632,37 @@ class OpenAIServer:
         with self._lock:
             return len(self._queue)
 
-    def _next_behaviour(self, req: RecordedRequest) -> Behaviour:
+    def _next_behaviour(self, req: RecordedRequest) -> tuple[Behaviour, bool]:
+        """The behaviour answering `req`, and whether it came from the queue (False: the default)."""
         with self._lock:
-            entry = self._queue.pop(0) if self._queue else self.default
-        return entry(req) if callable(entry) else entry
+            queued = bool(self._queue)
+            entry = self._queue.pop(0) if queued else self.default
+        return (entry(req) if callable(entry) else entry), queued
+
+    def _unshift(self, behaviour: Behaviour) -> None:
+        with self._lock:
+            self._queue.insert(0, behaviour)
+
+    # -- strict mode
+
+    def _refusal(self, req: RecordedRequest, behaviour: Behaviour) -> tuple[int, dict[str, Any]] | None:
+        """(status, JSON body) refusing `req` the way a strict real server would, or None to answer it."""
+        if not self.strict or not behaviour.get("strict", True):
+            return None
+        body = req.body
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list):
+            req.refused = 400
+            return 400, _openai_error("Missing required parameter: 'messages'.", param="messages")
+        from conversation_rules import conversation_violations  # tests/ is on sys.path (pytest, or run as a script)
+
+        found = conversation_violations(messages, require_reasoning=bool(behaviour.get("require_reasoning")))
+        req.violations = list(found)
+        if not found:
+            return None
+        status, obj = _refusal_for(found[0])
+        req.refused = status
+        return status, obj
 
     # -- recording
 
@@ -499,16 +671,26 @@ class OpenAIServer:
         with self._lock:
             return list(self._requests)
 
-    def _record(self, method: str, path: str, headers: dict[str, str], body: Any, raw_body: bytes) -> RecordedRequest:
+    def _new_request(
+        self, method: str, path: str, headers: dict[str, str], body: Any, raw_body: bytes
+    ) -> RecordedRequest:
         with self._lock:
-            req = RecordedRequest(len(self._requests) + 1, method, path, headers, body, raw_body)
+            self._counter += 1
+            return RecordedRequest(self._counter, method, path, headers, body, raw_body)
+
+    def _publish(self, req: RecordedRequest) -> None:
+        with self._lock:
             self._requests.append(req)
             if self.requests_file:
                 _append_line(self.requests_file, req.to_json())
-            self._marker({"event": "request", "n": req.n, "path": path, "time": req.time})
+            self._marker({"event": "request", "n": req.n, "path": req.path, "time": req.time})
             self.request_received.set()
             self._lock.notify_all()
-        return req
+
+    @property
+    def refusals(self) -> list[RecordedRequest]:
+        """The requests strict mode refused."""
+        return [r for r in self.requests if r.refused is not None]
 
     def wait_for_requests(self, n: int = 1, timeout: float = 5.0) -> RecordedRequest:
         """Block until `n` requests have arrived; return the n-th. TimeoutError otherwise."""
@@ -567,6 +749,35 @@ class OpenAIServer:
             _append_line(self.marker_file, record)
 
 
+def _openai_error(message: str, param: str | None = None, type: str = "invalid_request_error",
+                  code: Any = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _refusal_for(v: Any) -> tuple[int, dict[str, Any]]:
+    """The status and body a strict real server answers for the violation `v` (kind, index, detail)."""
+    detail = f" ({v.detail})" if getattr(v, "detail", "") else ""
+    if v.kind in ("first_not_user", "alternation"):  # llama.cpp's Jinja chat templates raise this
+        message = "Conversation roles must alternate user/assistant/user/assistant/..."
+        return 400, {"error": {"code": 400, "message": message + detail, "type": "invalid_request_error"}}
+    if v.kind == "bad_arguments":  # llama.cpp parsing assistant tool calls sent back
+        message = f"Failed to parse tool call arguments as JSON{detail}"
+        return 500, {"error": {"code": 500, "message": message, "type": "server_error"}}
+    if v.kind in ("unanswered_tool_call", "orphan_tool_message", "duplicate_id"):
+        message = (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. messages[{v.index}]: {v.kind}{detail}"
+        )
+        return 400, _openai_error(message, param="messages")
+    if v.kind == "missing_reasoning":  # DeepSeek in thinking mode
+        message = f"Missing `reasoning_content` field in the assistant message at message index {v.index}"
+        return 400, _openai_error(message)
+    if v.kind == "bad_content":
+        return 400, _openai_error(f"Invalid value for 'messages[{v.index}].content'{detail}",
+                                  param=f"messages[{v.index}].content")
+    return 400, _openai_error(f"Invalid 'messages[{v.index}]': {v.kind}{detail}", param="messages")
+
+
 def _append_line(path: str, obj: Any) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(obj) + "\n")
@@ -596,6 +807,14 @@ def load_script(path: str) -> tuple[list[Behaviour], Behaviour | None]:
     return list(data.get("responses", [])), data.get("default")
 
 
+def _script_strict(path: str | None) -> bool:
+    if not path:
+        return True
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return not (isinstance(data, dict) and data.get("strict") is False)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Scripted OpenAI-compatible streaming server for tests.")
     parser.add_argument("--script", help="JSON file: a list of behaviours or {responses: [...], default: {...}}")
@@ -605,9 +824,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marker-file", help="append a JSON line per request received / hold reached")
     parser.add_argument("--release-file", help="holds end once this file exists")
     parser.add_argument("--requests-file", help="append every recorded request as a JSON line")
+    parser.add_argument("--no-strict", action="store_true", help="answer conversations strict servers would refuse")
     args = parser.parse_args(argv)
 
     script, default = load_script(args.script) if args.script else ([], None)
+    strict = not args.no_strict and _script_strict(args.script)
     server = OpenAIServer(
         script,
         default=default,
@@ -616,6 +837,7 @@ def main(argv: list[str] | None = None) -> int:
         marker_file=args.marker_file,
         release_file=args.release_file,
         requests_file=args.requests_file,
+        strict=strict,
     ).start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -19,6 +19,7 @@ def run_cairn(tmp_path: Path, base_url: str, *args: str) -> subprocess.Completed
     env = {
         "PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(tmp_path / "home"),
         "CAIRN_BASE_URL": base_url, "CAIRN_API_KEY": KEY, "CAIRN_TIMEOUT": "1",
+        "CAIRN_MAX_RETRIES": "0",  # each scripted failure must end its own turn (retries: tests/test_continuable.py)
     }
     return subprocess.run([CAIRN, *args], env=env, cwd=ws, capture_output=True, text=True, timeout=60)
 
@@ -59,5 +60,5 @@ def test_provider_errors_end_the_turn_with_exit_1_and_never_store_the_key(tmp_pa
             assert KEY not in proc.stderr
     ids = subprocess.run([CAIRN, "sessions"], env={"PATH": os.environ["PATH"], "CAIRN_HOME": str(tmp_path / "home")},
                          capture_output=True, text=True).stdout
-    assert ids.count("completed") == 3  # an errored turn is closed (turn/end error), so the session is resumable
+    assert ids.count("  error  ") == 3  # an errored turn is closed (turn/end error), so the session is resumable
     assert_key_nowhere(tmp_path / "home")

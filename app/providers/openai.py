@@ -1,21 +1,39 @@
 """The `openai` provider: Chat Completions with `stream: true` over httpx.
 
-Works with any OpenAI-compatible server (OpenAI, DeepSeek, Ollama, vLLM, llama.cpp server). Decisions worth knowing:
+Works with any OpenAI-compatible server (OpenAI, DeepSeek, OpenRouter, Azure, Ollama, vLLM, llama.cpp server, LiteLLM).
+Decisions worth knowing:
 
 - `stream()` is an async generator: calling it contacts nothing; the HTTP request starts on first iteration (the
-  pre-request barrier relies on this).
+  pre-request barrier relies on this). The `httpx.AsyncClient` is built in the constructor, because building it (TLS
+  context, certificates) cost the first request of a session ~40 ms; building it opens no connection.
 - The API key is sent only as `Authorization: Bearer <key>` (no header when there is no key, as local servers need
   none) and is scrubbed (replaced by `***`) from every error message, since servers may echo request details.
+  Credentials inside the base URL (userinfo, key-like query parameters) are used as given (httpx sends userinfo as
+  Basic auth) but never shown: `redact_url()` hides them in every message and in `repr`, and `secrets` lists every
+  secret string so the composition can scrub them from the log too.
+- Body: only the parameters that are set are sent (`max_tokens` defaults to 8192); `tool_choice` and
+  `parallel_tool_calls` only with tools, as OpenAI refuses them otherwise. Precedence, lowest first: the named
+  constructor arguments, `params`, `extra_body`, the request's own params; `model`, `messages`, `tools` and `stream`
+  always come from the request. `stream_options: {"include_usage": true}` is sent unless `include_usage=False`.
 - Streamed tool-call deltas are assembled by `index`; the id and name arrive in the first delta of an index, the
   `function.arguments` text in pieces. A call without an id gets a generated `call_<hex>` id. A call whose arguments
   are empty (some servers send nothing for a no-argument call) gets `"{}"`; otherwise the raw text is kept as sent, even
-  when it is not valid JSON (the loop decides what to do with it).
-- The stream ends at `data: [DONE]`. A stream that ends without `[DONE]` is accepted only if a `finish_reason` was seen;
-  otherwise it is a malformed stream. A chunk carrying `{"error": ...}` ends the stream with that error.
+  when it is not valid JSON (the loop decides what to do with it). Repeated ids are passed on as sent: the loop makes
+  them unique.
+- Reasoning arrives as `reasoning_content` (DeepSeek, vLLM, llama.cpp) or `reasoning` (OpenRouter, Ollama) and is
+  yielded as `ReasoningDelta`; when a delta carries both, `reasoning_content` wins (some servers mirror one into the
+  other). Usage comes from any chunk's `usage` (usually a last chunk with `choices: []`).
+- `finish_reason` is normalised onto stop | tool_calls | length | content_filter | other. The stream ends at
+  `data: [DONE]`; one that ends with `[DONE]` but no finish reason yields `StreamEnd(finish_reason=None)`, which the
+  loop treats as malformed. A stream that ends with neither is a `MALFORMED_STREAM` error. A chunk carrying
+  `{"error": ...}` ends the stream with that error.
 - A server that ignores `stream: true` and answers one `application/json` completion is accepted too.
 - Every failure is a `ProviderError` with one readable line and a `code`: `HTTP_<status>`, `TIMEOUT`, `CONNECT`,
-  `CONNECTION_LOST` (the server closed the connection mid-stream), `MALFORMED_STREAM`, `STREAM_ERROR` (an error
-  object inside the stream), `NETWORK` (any other transport failure).
+  `CONNECTION_LOST` (the server closed the connection), `MALFORMED_STREAM`, `STREAM_ERROR` (an error object inside the
+  stream), `NETWORK` (any other transport failure). `retryable` is set for the statuses in `RETRYABLE_STATUSES`, and
+  for connection failures, timeouts and lost connections before the first chunk of the answer (nothing was shown, so
+  sending the request again duplicates nothing). `retry_after` comes from `Retry-After` (seconds or an HTTP date) or
+  `retry-after-ms`, capped at 60 s. The retry loop itself lives in `app/loop.py`.
 - Timeouts: `timeout` is a number of seconds (read/write/pool; connect is capped at 10 s; None or <= 0 means no limit
   but the 10 s connect limit) or an `httpx.Timeout`. The read timeout applies to each wait for bytes, so a server that
   hangs (before or during the stream) ends the stream with a `TIMEOUT` error. The caller reads `CAIRN_TIMEOUT`; this
@@ -24,20 +42,122 @@ Works with any OpenAI-compatible server (OpenAI, DeepSeek, Ollama, vLLM, llama.c
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
+import time
 import uuid
 from contextlib import aclosing
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 import httpx
 
-from .base import ModelRequest, ProviderError, RawToolCall, StreamEnd, StreamItem, TextDelta
+from cairn.persistence.events import Usage
+
+from .base import (
+    RETRYABLE_STATUSES,
+    ModelRequest,
+    ProviderError,
+    RawToolCall,
+    ReasoningDelta,
+    StreamEnd,
+    StreamItem,
+    TextDelta,
+)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_TIMEOUT = 120.0  # seconds to wait for the next bytes of an answer
 DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_MAX_TOKENS = 8192
 MAX_MESSAGE_CHARS = 300  # the part of an error message taken from the server
 MAX_ERROR_BODY_BYTES = 64 * 1024
+MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is waited on for this long at most
+# URL credentials shorter than this are still hidden in URLs, but not listed in `secrets`: scrubbing every occurrence
+# of a 3-letter word from a whole session log would mangle it and protect nothing.
+MIN_SECRET_CHARS = 6
+
+FINISH_REASONS = {
+    "stop": "stop",
+    "eos": "stop",
+    "eos_token": "stop",
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "end": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "tool_call": "tool_calls",
+    "tool_use": "tool_calls",
+    "length": "length",
+    "max_tokens": "length",
+    "max_output_tokens": "length",
+    "model_length": "length",
+    "content_filter": "content_filter",
+    "safety": "content_filter",
+}
+
+_SECRET_NAMES = frozenset(
+    {
+        "key", "apikey", "api_key", "x_api_key", "token", "access_token", "auth", "auth_token", "refresh_token",
+        "id_token", "session_token", "sig", "signature", "password", "passwd", "pwd", "secret", "client_secret",
+        "authorization", "proxy_authorization", "cookie",
+    }
+)
+_SECRET_SUFFIXES = ("_key", "_token", "_secret", "_signature", "_password", "_sig")
+
+
+def normalize_finish_reason(value: Any) -> str | None:
+    """Map a server's word for why an answer ended onto stop | tool_calls | length | content_filter | other."""
+    if value is None or value == "":
+        return None
+    return FINISH_REASONS.get(str(value).strip().lower(), "other")
+
+
+def _is_secret_name(name: str) -> bool:
+    norm = name.strip().lower().replace("-", "_")
+    return norm in _SECRET_NAMES or norm.endswith(_SECRET_SUFFIXES)
+
+
+def _url_credentials(url: str) -> list[str]:
+    """The secret strings inside `url` (userinfo parts, values of key-like query parameters), raw and decoded."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found: list[str] = []
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rpartition("@")[0]
+        found.append(userinfo)
+        for piece in userinfo.split(":", 1):
+            found += [piece, unquote(piece)]
+    for item in parts.query.split("&"):
+        name, eq, value = item.partition("=")
+        if eq and value and _is_secret_name(unquote_plus(name)):
+            found += [value, unquote_plus(value)]
+    return found
+
+
+def redact_url(url: str) -> str:
+    """`url` with its credentials (userinfo, key-like query parameters) replaced by `***`; unchanged otherwise.
+
+    Public: whoever prints a base URL (errors, `cairn show`, the TUI) calls this rather than guessing what is secret."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not even splittable: hide everything that could be a credential
+        return "***" if "@" in url or "?" in url else url
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query_items = []
+    for item in parts.query.split("&") if parts.query else []:
+        name, eq, value = item.partition("=")
+        if eq and value and _is_secret_name(unquote_plus(name)):
+            item = f"{name}=***"
+        query_items.append(item)
+    query = "&".join(query_items)
+    if netloc == parts.netloc and query == parts.query:
+        return url  # nothing secret: keep the text byte for byte
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _one_line(text: str) -> str:
@@ -64,6 +184,67 @@ def _seconds(value: float | None) -> str:
     return f"{value:g}s"
 
 
+def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds the server asked us to wait (`retry-after-ms`, or `Retry-After` as seconds or an HTTP date), capped at
+    MAX_RETRY_AFTER; None when it did not ask or the value makes no sense."""
+    seconds: float | None = None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            seconds = float(ms) / 1000.0
+        except ValueError:
+            seconds = None
+    value = headers.get("retry-after")
+    if seconds is None and value:
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError, IndexError):
+                when = None
+            if when is not None and when.tzinfo is not None:
+                seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds is None or math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def parse_usage(obj: Any) -> Usage | None:
+    """An OpenAI `usage` object as a `Usage`; counts the server did not give stay None (DeepSeek's
+    `prompt_cache_hit_tokens` stands in for `prompt_tokens_details.cached_tokens`)."""
+    if not isinstance(obj, dict):
+        return None
+    prompt_details = obj.get("prompt_tokens_details")
+    prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
+    completion_details = obj.get("completion_tokens_details")
+    completion_details = completion_details if isinstance(completion_details, dict) else {}
+    cached = _count(prompt_details.get("cached_tokens"))
+    if cached is None:
+        cached = _count(obj.get("prompt_cache_hit_tokens"))
+    usage = Usage(
+        input_tokens=_count(obj.get("prompt_tokens")),
+        output_tokens=_count(obj.get("completion_tokens")),
+        cached_tokens=cached,
+        reasoning_tokens=_count(completion_details.get("reasoning_tokens")),
+    )
+    if usage == Usage():
+        return None
+    return usage
+
+
+def _reasoning_text(part: dict[str, Any]) -> str:
+    for key in ("reasoning_content", "reasoning"):
+        value = part.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
 class _ToolCallSlot:
     __slots__ = ("call_id", "name", "parts")
 
@@ -85,36 +266,85 @@ class OpenAIProvider:
         api_key: str | None = None,
         timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT,
         params: dict[str, Any] | None = None,
+        *,
+        max_tokens: int | None = DEFAULT_MAX_TOKENS,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        reasoning_effort: str | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        include_usage: bool = True,
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self._shown_url = redact_url(self.base_url)
         self._api_key = api_key or None
         self.timeout = _make_timeout(timeout)
         self.params: dict[str, Any] = dict(params or {})
-        self._client: httpx.AsyncClient | None = None
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.reasoning_effort = reasoning_effort
+        self.tool_choice = tool_choice
+        self.parallel_tool_calls = parallel_tool_calls
+        self.include_usage = include_usage
+        self.extra_headers: dict[str, str] = dict(extra_headers or {})
+        self.extra_body: dict[str, Any] = dict(extra_body or {})
+        self._client: httpx.AsyncClient | None = self._new_client()  # builds, connects nothing
 
-    def __repr__(self) -> str:  # never show the key
-        return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
+    def __repr__(self) -> str:  # never show the key or URL credentials
+        return f"OpenAIProvider(model={self.model!r}, base_url={self._shown_url!r})"
 
     # ------------------------------------------------------------------ helpers
 
     @property
     def endpoint(self) -> str:
-        if self.base_url.endswith("/chat/completions"):
-            return self.base_url
-        return f"{self.base_url}/chat/completions"
+        """`<base_url>/chat/completions`, keeping a query string (Azure's `?api-version=…`) after the path."""
+        try:
+            parts = urlsplit(self.base_url)
+        except ValueError:
+            parts = None
+        if parts is None or not parts.query:
+            if self.base_url.endswith("/chat/completions"):
+                return self.base_url
+            return f"{self.base_url}/chat/completions"
+        path = parts.path.rstrip("/")
+        if not path.endswith("/chat/completions"):
+            path += "/chat/completions"
+        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
+
+    @property
+    def secrets(self) -> list[str]:
+        """Every secret string this provider holds (the key, URL credentials, values of auth-like extra headers), for
+        the session's scrubber. Longest first, so a scrubber replacing in order never leaves part of one behind."""
+        found: list[str] = [self._api_key] if self._api_key else []
+        found += [v for v in _url_credentials(self.base_url) if len(v) >= MIN_SECRET_CHARS]
+        for name, value in self.extra_headers.items():
+            if _is_secret_name(name) or "key" in name.lower() or "token" in name.lower():
+                value = str(value)
+                found.append(value)
+                scheme, _, rest = value.partition(" ")
+                if rest and scheme.lower() in ("bearer", "basic", "token"):
+                    found.append(rest)
+        unique = [v for v in dict.fromkeys(found) if len(v) >= MIN_SECRET_CHARS or v == self._api_key]
+        return sorted(unique, key=len, reverse=True)
 
     def _scrub(self, text: str) -> str:
-        key = self._api_key
-        if key:
-            text = text.replace(key, "***")
+        if self.base_url != self._shown_url:
+            text = text.replace(self.base_url, self._shown_url)
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
         return text
 
-    def _error(self, message: str, code: str) -> ProviderError:
-        return ProviderError(self._scrub(_one_line(message)), code=code)
+    def _error(
+        self, message: str, code: str, retryable: bool = False, retry_after: float | None = None
+    ) -> ProviderError:
+        return ProviderError(self._scrub(_one_line(message)), code=code, retryable=retryable, retry_after=retry_after)
 
     def _malformed(self, detail: str) -> ProviderError:
-        return self._error(f"malformed stream from {self.base_url}: {detail}", "MALFORMED_STREAM")
+        return self._error(f"malformed stream from {self._shown_url}: {detail}", "MALFORMED_STREAM")
 
     def _headers(self) -> dict[str, str]:
         headers = {
@@ -124,11 +354,30 @@ class OpenAIProvider:
         }
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        headers.update({str(k): str(v) for k, v in self.extra_headers.items()})
         return headers
 
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
-        """The JSON body sent for `request` (the core keys win over params)."""
-        body: dict[str, Any] = {**self.params, **(request.params or {})}
+        """The JSON body sent for `request` (see the module docstring for what wins over what)."""
+        body: dict[str, Any] = {}
+        for name, value in (
+            ("max_tokens", self.max_tokens),
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("reasoning_effort", self.reasoning_effort),
+        ):
+            if value is not None:
+                body[name] = value
+        if request.tools:
+            if self.tool_choice is not None:
+                body["tool_choice"] = self.tool_choice
+            if self.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = self.parallel_tool_calls
+        if self.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        body.update(self.params)
+        body.update(self.extra_body)
+        body.update(request.params or {})
         body["model"] = request.model or self.model
         body["messages"] = request.messages
         if request.tools:
@@ -144,9 +393,12 @@ class OpenAIProvider:
         body["stream"] = True
         return body
 
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=self.timeout)
+
     def _get_client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout)
+        if self._client is None or self._client.is_closed:  # closed by aclose(): a later stream() builds a new one
+            self._client = self._new_client()
         return self._client
 
     async def aclose(self) -> None:
@@ -157,9 +409,9 @@ class OpenAIProvider:
     # ------------------------------------------------------------------ streaming
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
-        """Any number of TextDelta, then exactly one StreamEnd; ProviderError on failure.
+        """Any number of TextDelta / ReasoningDelta, then exactly one StreamEnd; ProviderError on failure.
 
-        Nothing happens (no client, no connection) until the first iteration."""
+        Nothing is contacted until the first iteration."""
         body = self.build_body(request)
         try:
             payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -184,29 +436,38 @@ class OpenAIProvider:
         except httpx.TimeoutException as exc:
             raise self._timeout_error(exc, state) from None
         except httpx.ConnectError as exc:
-            raise self._error(f"cannot reach {self.base_url}: {str(exc) or type(exc).__name__}", "CONNECT") from None
+            raise self._error(
+                f"cannot reach {self._shown_url}: {str(exc) or type(exc).__name__}", "CONNECT", retryable=True
+            ) from None
         except httpx.RemoteProtocolError as exc:
             where = "mid-stream" if state.started else "before answering"
             raise self._error(
-                f"{self.base_url} closed the connection {where}: {str(exc) or type(exc).__name__}", "CONNECTION_LOST"
+                f"{self._shown_url} closed the connection {where}: {str(exc) or type(exc).__name__}",
+                "CONNECTION_LOST",
+                retryable=not state.started,
             ) from None
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise self._error(
-                f"request to {self.base_url} failed: {type(exc).__name__}: {exc}", "NETWORK"
+                f"request to {self._shown_url} failed: {type(exc).__name__}: {exc}",
+                "NETWORK",
+                retryable=isinstance(exc, httpx.NetworkError) and not state.started,
             ) from None
 
     def _timeout_error(self, exc: httpx.TimeoutException, state: "_StreamState") -> ProviderError:
         t = self.timeout
+        url = self._shown_url
         if isinstance(exc, httpx.ConnectTimeout):
-            what = f"connecting to {self.base_url} timed out after {_seconds(t.connect)}"
+            what = f"connecting to {url} timed out after {_seconds(t.connect)}"
         elif isinstance(exc, httpx.WriteTimeout):
-            what = f"sending the request to {self.base_url} timed out after {_seconds(t.write)}"
+            what = f"sending the request to {url} timed out after {_seconds(t.write)}"
         elif isinstance(exc, httpx.PoolTimeout):
-            what = f"waiting for a free connection to {self.base_url} timed out after {_seconds(t.pool)}"
+            what = f"waiting for a free connection to {url} timed out after {_seconds(t.pool)}"
         else:
             where = "in the middle of the answer" if state.started else "for an answer"
-            what = f"timed out after {_seconds(t.read)} waiting {where} from {self.base_url} (read timeout)"
-        return self._error(f"{what}; a longer limit can be set with CAIRN_TIMEOUT", "TIMEOUT")
+            what = f"timed out after {_seconds(t.read)} waiting {where} from {url} (read timeout)"
+        return self._error(
+            f"{what}; a longer limit can be set with CAIRN_TIMEOUT", "TIMEOUT", retryable=not state.started
+        )
 
     async def _http_error(self, response: httpx.Response) -> ProviderError:
         raw = bytearray()
@@ -221,10 +482,15 @@ class OpenAIProvider:
         detail = _error_detail(text)
         status = response.status_code
         reason = response.reason_phrase or ""
-        message = f"HTTP {status}{(' ' + reason) if reason else ''} from {self.base_url}"
+        message = f"HTTP {status}{(' ' + reason) if reason else ''} from {self._shown_url}"
         if detail:
             message += f": {_truncate(self._scrub(detail))}"
-        return self._error(message, f"HTTP_{status}")
+        return self._error(
+            message,
+            f"HTTP_{status}",
+            retryable=status in RETRYABLE_STATUSES,
+            retry_after=parse_retry_after(response.headers),
+        )
 
     async def _non_streaming(self, response: httpx.Response, state: "_StreamState") -> AsyncIterator[StreamItem]:
         raw = await response.aread()
@@ -239,7 +505,7 @@ class OpenAIProvider:
             raise self._malformed(f"the answer is not JSON: {snippet}") from None
         if not isinstance(data, dict):
             raise self._malformed("the answer is not a JSON object")
-        self._check_error_payload(data)
+        self._check_error_payload(data, state)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise self._malformed("the answer has no choices")
@@ -248,11 +514,15 @@ class OpenAIProvider:
         if not isinstance(message, dict):
             raise self._malformed("the answer's message is not an object")
         state.started = True
+        reasoning = _reasoning_text(message)
+        if reasoning:
+            yield ReasoningDelta(reasoning)
         content = message.get("content")
         if isinstance(content, str) and content:
             yield TextDelta(content)
         self._add_tool_calls(state, message.get("tool_calls"))
-        state.finish_reason = choice.get("finish_reason") or state.finish_reason
+        state.finish_reason = normalize_finish_reason(choice.get("finish_reason")) or state.finish_reason
+        state.usage = parse_usage(data.get("usage")) or state.usage
         yield state.end()
 
     async def _sse(self, lines: AsyncIterator[str], state: "_StreamState") -> AsyncIterator[StreamItem]:
@@ -301,7 +571,7 @@ class OpenAIProvider:
                     yield item
         if not done and state.finish_reason is None:
             raise self._malformed("it ended before [DONE] and without a finish_reason")
-        yield state.end()
+        yield state.end()  # [DONE] without a finish_reason: finish_reason None, the loop's call
 
     def _handle_event(self, data: str, state: "_StreamState") -> list[StreamItem]:
         try:
@@ -310,7 +580,10 @@ class OpenAIProvider:
             raise self._malformed(f"a data line is not JSON: {_truncate(self._scrub(data), 120)}") from None
         if not isinstance(chunk, dict):
             raise self._malformed("a chunk is not a JSON object")
-        self._check_error_payload(chunk)
+        self._check_error_payload(chunk, state)
+        usage = parse_usage(chunk.get("usage"))
+        if usage is not None:
+            state.usage = usage
         if "choices" not in chunk:
             if "usage" in chunk:
                 return []  # a usage-only chunk
@@ -328,20 +601,33 @@ class OpenAIProvider:
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
                 raise self._malformed("delta is not an object")
+            reasoning = _reasoning_text(delta)
+            if reasoning:
+                out.append(ReasoningDelta(reasoning))
             content = delta.get("content")
             if isinstance(content, str) and content:
                 out.append(TextDelta(content))
             self._add_tool_calls(state, delta.get("tool_calls"))
-            if choice.get("finish_reason"):
-                state.finish_reason = str(choice["finish_reason"])
+            finish = normalize_finish_reason(choice.get("finish_reason"))
+            if finish is not None:
+                state.finish_reason = finish
         return out
 
-    def _check_error_payload(self, payload: dict[str, Any]) -> None:
+    def _check_error_payload(self, payload: dict[str, Any], state: "_StreamState") -> None:
+        """An `{"error": ...}` object in place of an answer. Retryable only when it carries a retryable status and
+        no chunk of the answer came before it (OpenRouter reports upstream overloads this way)."""
         error = payload.get("error")
         if error:
             detail = _error_detail(json.dumps({"error": error})) or "unknown error"
+            status = error.get("code") if isinstance(error, dict) else None
+            try:
+                status = int(status) if status is not None and not isinstance(status, bool) else None
+            except (TypeError, ValueError):
+                status = None
             raise self._error(
-                f"{self.base_url} reported an error: {_truncate(self._scrub(detail))}", "STREAM_ERROR"
+                f"{self._shown_url} reported an error: {_truncate(self._scrub(detail))}",
+                "STREAM_ERROR",
+                retryable=status in RETRYABLE_STATUSES and not state.started,
             )
 
     def _add_tool_calls(self, state: "_StreamState", tool_calls: Any) -> None:
@@ -372,7 +658,8 @@ class OpenAIProvider:
 class _StreamState:
     def __init__(self) -> None:
         self.slots: dict[int, _ToolCallSlot] = {}
-        self.finish_reason: str | None = None
+        self.finish_reason: str | None = None  # normalised
+        self.usage: Usage | None = None
         self.started = False  # a chunk (or a whole answer) has been received
 
     def slot_for(self, tc: dict[str, Any]) -> _ToolCallSlot:
@@ -399,7 +686,7 @@ class _StreamState:
                 arguments = "{}"
             call_id = slot.call_id or f"call_{uuid.uuid4().hex[:24]}"
             calls.append(RawToolCall(call_id=call_id, name=slot.name, arguments=arguments))
-        return StreamEnd(tool_calls=calls, finish_reason=self.finish_reason)
+        return StreamEnd(tool_calls=calls, finish_reason=self.finish_reason, usage=self.usage)
 
 
 def _is_json(text: str) -> bool:
