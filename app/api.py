@@ -10,8 +10,9 @@
 
     anyio.run(main)
 
-`resume="ID"` reopens a session (repairing a crashed turn first; `session.session.repaired` lists what repair added);
-`approve=True` allows every tool call, or pass an async callable `(ApprovalRequest) -> decision`.
+`resume="ID"` reopens a session (repairing a crashed turn first; `session.session.repaired` lists what repair added)
+and continues with the provider and model of its last request unless `provider=`/`model=` (or CAIRN_PROVIDER /
+CAIRN_MODEL) choose others; `approve=True` allows every tool call, or pass an async callable `(ApprovalRequest) -> decision`.
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ async def open_session(
     script: str | None = None,
     home: str | None = None,
     backend: str | None = None,
+    base_url: str | None = None,
+    max_tokens: int | None = None,
     approve: bool | Approver = False,
     report: Callable[[str], None] | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) a session; leaving the block cancels any running turn and closes the session durably."""
     config = resolve_config(
-        home=home, backend=backend, provider=provider, model=model, script=script, workspace=workspace
+        home=home, backend=backend, provider=provider, model=model, script=script, workspace=workspace,
+        base_url=base_url, max_tokens=max_tokens,
     )
     approver = approve if callable(approve) else headless_approver(bool(approve))
     async with open_agent(config, session_id=session_id, resume=resume, approver=approver, report=report) as agent:

@@ -24,10 +24,15 @@ Run with no command for the full-screen TUI on a new session in the current dire
 
 EPILOG = """\
 environment:
-  CAIRN_HOME      where sessions live (default: the user data dir for cairn)
-  CAIRN_BACKEND   jsonl (default) or sqlite
-  CAIRN_PROVIDER  demo, script or openai (default: openai when a key is set, else demo)
-  CAIRN_MODEL, CAIRN_SCRIPT, CAIRN_BASE_URL, CAIRN_API_KEY (or OPENAI_API_KEY), CAIRN_TIMEOUT
+  CAIRN_HOME        where sessions live (default: the user data dir for cairn)
+  CAIRN_BACKEND     jsonl (default) or sqlite
+  CAIRN_PROVIDER    demo, script or openai (default: openai when a key is set, else demo; a resumed session keeps
+                    its own provider and model unless one is chosen)
+  CAIRN_MODEL, CAIRN_SCRIPT, CAIRN_BASE_URL, CAIRN_API_KEY (or OPENAI_API_KEY)
+  CAIRN_MAX_TOKENS  output token limit per answer (default 8192)
+  CAIRN_TIMEOUT     seconds to wait for the model's next bytes (default 120; 0 = no limit)
+  CAIRN_MAX_RETRIES retries of a failed request before any of the answer arrived (default 4)
+  CAIRN_TEMPERATURE, CAIRN_TOP_P, CAIRN_REASONING_EFFORT  sent to the openai provider only when set
 
 exit codes: 0 ok, 1 turn ended in error, 2 usage or configuration, 3 session locked, 4 log corrupt or unsupported,
 130 cancelled"""
@@ -42,6 +47,8 @@ def common_options(default: Any = None) -> argparse.ArgumentParser:
     g.add_argument("--model", metavar="NAME", help="model name (= CAIRN_MODEL)")
     g.add_argument("--script", metavar="FILE", help="JSON script for the script provider (= CAIRN_SCRIPT)")
     g.add_argument("--workspace", metavar="DIR", help="directory the tools work in (default: current directory)")
+    g.add_argument("--base-url", metavar="URL", help="OpenAI-compatible server (= CAIRN_BASE_URL)")
+    g.add_argument("--max-tokens", metavar="N", help="output token limit per answer (= CAIRN_MAX_TOKENS; default 8192)")
     return p
 
 
@@ -82,7 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def fail(message: str, code: int) -> int:
-    print(f"cairn: {message}", file=sys.stderr)
+    """One line on stderr. The message may quote a server, a file or a session id: it is made terminal-safe and kept
+    on one line."""
+    from .terminal_text import safe_text
+
+    print("cairn: " + " ".join(safe_text(message).split()), file=sys.stderr)
     return code
 
 
@@ -124,12 +135,13 @@ def open_store(config: Any):  # -> SessionStore; without importing the agent (fa
     return SessionStore(config.home, config.backend)
 
 
-def config_from(args: argparse.Namespace):  # -> Config
+def config_from(args: argparse.Namespace, runs_model: bool = True):  # -> Config
+    """`runs_model=False` for commands that only read sessions: they never need (or check) a provider."""
     from .config import resolve_config
 
     return resolve_config(
         home=args.home, backend=args.backend, provider=args.provider, model=args.model, script=args.script,
-        workspace=args.workspace,
+        workspace=args.workspace, base_url=args.base_url, max_tokens=args.max_tokens, runs_model=runs_model,
     )
 
 
@@ -140,9 +152,9 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return run_command(args, config_from(args))
     if command == "sessions":
-        return sessions_command(args, config_from(args))
+        return sessions_command(args, config_from(args, runs_model=False))
     if command == "show":
-        return show_command(args, config_from(args))
+        return show_command(args, config_from(args, runs_model=False))
     if command == "acp":
         try:
             from .acp_serve import run_acp
@@ -157,19 +169,19 @@ def dispatch(args: argparse.Namespace) -> int:
 def tui_command(args: argparse.Namespace, config: Any) -> int:
     """`cairn` (new session here) and `cairn resume [ID]` (default: the most recent session in this directory; the
     sessions screen when there is none). The session is opened, and repaired, before the app starts."""
-    from .config import make_provider
-
-    make_provider(config)  # configuration errors end here, before a session is created
     store = open_store(config)
     if args.command == "resume":
         session_id = args.session_id or store.latest_in(str(config.workspace))
         opened = store.open_for_resume(session_id) if session_id else None
+        session_config = config_for_opened(config, opened)
     else:
+        check_provider(config)  # configuration errors end here, before a session is created
         opened = store.create(cwd=str(config.workspace))
+        session_config = config
     from .tui import CairnApp
 
     while True:
-        app = CairnApp(config, opened, store)
+        app = CairnApp(session_config, opened, store)
         try:
             choice = app.run()
         finally:
@@ -178,26 +190,61 @@ def tui_command(args: argparse.Namespace, config: Any) -> int:
             return EXIT_OK
         if choice.action == "open" and choice.session_id:
             opened = store.open_for_resume(choice.session_id)
+            session_config = config_for_opened(config, opened)
         else:
+            check_provider(config)
             opened = store.create(cwd=str(config.workspace))
+            session_config = config
+
+
+def check_provider(config: Any) -> None:
+    """Build the provider once to surface configuration errors (exit 2), then let it go."""
+    import anyio
+
+    from .config import make_provider
+
+    provider = make_provider(config)
+    anyio.run(provider.aclose)
+
+
+def config_for_opened(config: Any, opened: Any) -> Any:
+    """A resumed session continues with its own provider and model unless an option or variable chose them; if that
+    provider cannot be built, the session is released again and the error reported."""
+    if opened is None:
+        return config
+    from .compose import close_unused
+    from .config import config_for_session
+
+    try:
+        session_config = config_for_session(config, opened.events)
+        check_provider(session_config)
+    except BaseException:
+        close_unused(opened)
+        raise
+    return session_config
 
 
 def sessions_command(args: argparse.Namespace, config: Any) -> int:
     import msgspec
 
     from .render import first_line, format_time
+    from .terminal_text import safe_text
 
-    summaries = open_store(config).list_sessions()
+    store = open_store(config)
+    summaries = store.list_sessions()
     if args.json:
         for s in summaries:
-            sys.stdout.write(msgspec.json.encode(s).decode() + "\n")
+            row = msgspec.to_builtins(s)
+            sys.stdout.write(msgspec.json.encode(row).decode() + "\n")
         return EXIT_OK
     if not summaries:
-        print(f"no sessions yet under {config.home}", file=sys.stderr)
+        print(f"no sessions yet under {safe_text(str(config.home))}", file=sys.stderr)
         return EXIT_OK
     rows = [("ID", "STATUS", "EVENTS", "UPDATED", "CWD", "FIRST PROMPT")]
     for s in summaries:
-        rows.append((s.id, s.status, str(s.events), format_time(s.updated), s.cwd, first_line(s.first_prompt, 50)))
+        what = s.first_prompt if s.status != "unreadable" else f"({s.reason})"
+        row = (s.id, s.status, str(s.events), format_time(s.updated), s.cwd, first_line(what, 50))
+        rows.append(tuple(safe_text(cell) for cell in row))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print("  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5])
@@ -208,6 +255,7 @@ def show_command(args: argparse.Namespace, config: Any) -> int:
     from cairn.persistence.events import encode_event
 
     from .render import render_session
+    from .terminal_text import safe_text
 
     inspection = open_store(config).inspect(args.session_id)
     if inspection.live_pid is not None:
@@ -222,7 +270,7 @@ def show_command(args: argparse.Namespace, config: Any) -> int:
             out.write(encode_event(e) + b"\n")
         out.flush()
         return EXIT_OK
-    print(render_session(events, repair_from=len(inspection.events) if inspection.repair else None))
+    print(safe_text(render_session(events, repair_from=len(inspection.events) if inspection.repair else None)))
     return EXIT_OK
 
 

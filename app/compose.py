@@ -17,7 +17,7 @@ from cairn.persistence.store import OpenedSession, SessionStore
 
 from . import failpoints
 from .approval import Approver, headless_approver
-from .config import Config, make_provider
+from .config import Config, config_for_session, make_provider, provider_secrets
 from .hooks import Hooks
 from .loop import AgentLoop, TurnResult
 from .policy import CheckpointPolicy
@@ -30,6 +30,8 @@ class Agent:
     session: LiveSession
     loop: AgentLoop
     policy: CheckpointPolicy | None
+    provider: Provider | None = None
+    config: Config | None = None  # the effective one: a resumed session's own provider and model applied
 
     @property
     def id(self) -> str:
@@ -41,6 +43,14 @@ class Agent:
 
 def open_store(config: Config) -> SessionStore:
     return SessionStore(config.home, config.backend)
+
+
+def close_unused(opened: OpenedSession) -> None:
+    """Release a session that was opened but never handed to a LiveSession (its writer and lock)."""
+    try:
+        opened.writer.close()
+    finally:
+        opened.lock.release()
 
 
 def open_session_files(config: Config, session_id: str | None = None, resume: str | None = None) -> OpenedSession:
@@ -64,7 +74,13 @@ async def mount_agent(
 ) -> Agent:
     """Mount policy then loop on a live session; `stack` unwinds them in reverse (loop stops first, then the policy's
     hooks go). Who owns the session itself differs by face: `open_agent` enters it here, the TUI's service widget owns
-    it there."""
+    it there.
+
+    The provider's secrets (its key, credentials in its base URL) are registered with the session before the loop can
+    append anything, so no event ever stores them."""
+    secrets = provider_secrets(provider)
+    if secrets:
+        session.add_secrets(secrets)
     hooks = Hooks()
     policy = None
     if with_policy:
@@ -74,9 +90,12 @@ async def mount_agent(
     if failpoint is not None:
         failpoint.install(hooks)  # after the policy: it stops *after* the barrier at the same point
         approver = failpoint.wrap_approver(approver or headless_approver(False))
-    loop = AgentLoop(session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks)
+    loop = AgentLoop(
+        session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks,
+        max_retries=config.max_retries,
+    )
     await stack.enter_async_context(loop)
-    return Agent(session, loop, policy)
+    return Agent(session, loop, policy, provider, config)
 
 
 @asynccontextmanager
@@ -92,11 +111,27 @@ async def open_agent(
     tools: ToolRegistry | None = None,
     window: float = DEFAULT_WINDOW,
 ) -> AsyncIterator[Agent]:
-    provider = make_provider(config)  # a bad provider config fails before any session is created
-    if opened is None:
-        opened = open_session_files(config, session_id, resume)
+    """Open (or resume) a session and mount the agent on it. A new session's provider is built, and a bad provider
+    configuration fails, before anything is created. A resumed one (`resume`, or `opened` with history) continues with
+    the provider and model of its last request unless the config chose them explicitly; if that provider cannot be
+    built, a session this function opened is closed again before the error is raised."""
     async with AsyncExitStack() as stack:
-        stack.push_async_callback(provider.aclose)
+        if opened is None and not resume:
+            provider = make_provider(config)
+            stack.push_async_callback(provider.aclose)
+            opened = open_session_files(config, session_id)
+        else:
+            opened_here = opened is None
+            if opened is None:
+                opened = open_session_files(config, session_id, resume)
+            try:
+                config = config_for_session(config, opened.events)
+                provider = make_provider(config)
+            except BaseException:
+                if opened_here:
+                    close_unused(opened)
+                raise
+            stack.push_async_callback(provider.aclose)
         session = LiveSession(opened, window=window)
         await stack.enter_async_context(session)
         yield await mount_agent(

@@ -1,24 +1,31 @@
 """`cairn run`: one headless turn through the same composition as every other face.
 
-The answer streams to stdout as it arrives; tool activity and notices go to stderr, so stdout stays the answer (or, with
-`--json`, one JSON line per event written by this run, repair events included). SIGINT/SIGTERM cancel the turn, which
-still ends with real `step/end`/`turn/end` events, and the command exits 130.
+The answer streams to stdout as it arrives; the model's reasoning, tool activity and notices go to stderr, so stdout
+stays the answer (or, with `--json`, a `{"type": "session", …}` line and then one JSON line per event written by this
+run, repair events included). Everything printed in text mode that came from outside (model, tools, prompt, session
+file) goes through `safe_text`, so an escape sequence in it cannot act on the terminal. SIGINT/SIGTERM cancel the turn,
+which still ends with real `step/end`/`turn/end` events, and the command exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
+import msgspec
 
 from cairn.persistence.events import (
+    MAX_TOKENS,
     AnyEvent,
     ApprovalDecided,
     AssistantChunk,
     AssistantMessage,
+    ReasoningChunk,
+    RequestRetry,
     ToolCall,
     ToolResult,
     encode_event,
@@ -26,33 +33,76 @@ from cairn.persistence.events import (
 
 from .approval import headless_approver
 from .cli import EXIT_CANCELLED, EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, fail
-from .compose import open_agent
+from .compose import Agent, open_agent
 from .render import first_line, result_status, summarize_arguments
+from .terminal_text import safe_text
+
+REASONING_PREFIX = "thinking┆ "
+DIM, RESET = "\x1b[2m", "\x1b[0m"
 
 
 class Printer:
-    def __init__(self, as_json: bool) -> None:
+    def __init__(self, as_json: bool, err: TextIO | None = None) -> None:
         self.as_json = as_json
         self.out = sys.stdout
+        self.err = err or sys.stderr
         self.ends_with_newline = True
+        self.dim = _wants_colour(self.err)
+        self.thinking = False  # a reasoning line is open on stderr
+        self.thinking_at_line_start = True
 
     def __call__(self, event: AnyEvent) -> None:
         if self.as_json:
             self.out.buffer.write(encode_event(event) + b"\n")
             self.out.buffer.flush()
             return
+        if isinstance(event, ReasoningChunk):
+            self.reasoning(event.delta)
+            return
         if isinstance(event, AssistantChunk):
-            self.out.write(event.delta)
+            self.end_reasoning()
+            self.out.write(safe_text(event.delta))
             self.out.flush()
             self.ends_with_newline = event.delta.endswith("\n")
         elif isinstance(event, AssistantMessage):
+            self.end_reasoning()
             self.finish_line()
         elif isinstance(event, ToolCall):
-            note(f"→ {event.name}({summarize_arguments(event.arguments)})")
+            self.note(f"→ {event.name}({summarize_arguments(event.arguments)})")
         elif isinstance(event, ApprovalDecided) and event.decision == "denied":
-            note(f"  {event.call_id} denied: headless runs need --yes to allow side effects")
+            self.note(f"  {event.call_id} denied: headless runs need --yes to allow side effects")
         elif isinstance(event, ToolResult):
-            note(f"← {result_status(event)}: {first_line(event.content, 120)}")
+            self.note(f"← {result_status(event)}: {first_line(event.content, 120)}")
+        elif isinstance(event, RequestRetry):
+            self.note(f"cairn: {event.reason}; retrying in {event.delay_ms / 1000:.1f} s (attempt {event.attempt})")
+
+    def reasoning(self, delta: str) -> None:
+        """Stream the model's thinking to stderr, every line prefixed (and dimmed on a terminal) so it is never
+        mistaken for the answer."""
+        if not delta:
+            return
+        text = safe_text(delta)
+        pieces: list[str] = []
+        for line in text.splitlines(keepends=True):
+            if self.thinking_at_line_start:
+                pieces.append(REASONING_PREFIX)
+            pieces.append(line)
+            self.thinking_at_line_start = line.endswith("\n")
+        body = "".join(pieces)
+        self.err.write(f"{DIM}{body}{RESET}" if self.dim else body)
+        self.err.flush()
+        self.thinking = not self.thinking_at_line_start
+
+    def end_reasoning(self) -> None:
+        if self.thinking:
+            self.err.write("\n")
+            self.err.flush()
+        self.thinking = False
+        self.thinking_at_line_start = True
+
+    def note(self, message: str) -> None:
+        self.end_reasoning()
+        print(safe_text(message), file=self.err, flush=True)
 
     def finish_line(self) -> None:
         if not self.as_json and not self.ends_with_newline:
@@ -61,14 +111,31 @@ class Printer:
             self.ends_with_newline = True
 
 
+def _wants_colour(stream: TextIO) -> bool:
+    try:
+        return stream.isatty() and not os.environ.get("NO_COLOR")
+    except (AttributeError, ValueError):
+        return False
+
+
 def note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(safe_text(message), file=sys.stderr, flush=True)
+
+
+def read_prompt(words: list[str]) -> str:
+    """The prompt as text. Bytes that are not UTF-8 (in argv, Python hands them over as lone surrogates; on stdin, as
+    raw bytes) become U+FFFD: the prompt is recorded and the turn runs, it is never refused for its encoding."""
+    prompt = " ".join(words)
+    if prompt == "-":
+        return sys.stdin.buffer.read().decode("utf-8", "replace")
+    return prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def run_command(args: argparse.Namespace, config: Any) -> int:
-    prompt = " ".join(args.prompt)
-    if prompt == "-":
-        prompt = sys.stdin.read()
+    try:
+        prompt = read_prompt(args.prompt)
+    except UnicodeEncodeError:  # a surrogate that surrogateescape did not produce: replace it as is
+        prompt = safe_text(" ".join(args.prompt))
     if not prompt.strip():
         return fail("the prompt is empty", EXIT_USAGE)
     return anyio.run(_run, args, config, prompt)
@@ -84,8 +151,11 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
         report=lambda message: note(f"cairn: {message}"),
     ) as agent:
         session = agent.session
-        if not args.json:
-            note(f"cairn: session {session.id} ({config.backend}, {config.provider})")
+        if args.json:
+            sys.stdout.buffer.write(session_line(agent) + b"\n")
+            sys.stdout.buffer.flush()
+        else:
+            note(f"cairn: session {session.id} ({agent.config.backend}, {agent.provider.name} {agent.provider.model})")
         for event in session.repaired:
             if args.json:
                 printer(event)
@@ -96,13 +166,34 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
             tg.start_soon(_cancel_on_signal, agent.loop)
             result = await agent.run(prompt)
             tg.cancel_scope.cancel()
+        printer.end_reasoning()
         printer.finish_line()
     if result.reason == "completed":
         return EXIT_OK
     if result.reason == "cancelled":
         return fail("turn cancelled", EXIT_CANCELLED)
     assert result.error is not None
+    if result.error.code == MAX_TOKENS:
+        return fail(f"{limit_words(agent)}; raise it with --max-tokens N or CAIRN_MAX_TOKENS "
+                    f"(session {session.id} can be resumed)", EXIT_TURN_ERROR)
     return fail(f"turn ended in error: {result.error.message} (session {session.id} can be resumed)", EXIT_TURN_ERROR)
+
+
+def session_line(agent: Agent) -> bytes:
+    """The first `--json` line: which session this run writes to and what answers in it (not an event: no seq)."""
+    assert agent.config is not None and agent.provider is not None
+    return msgspec.json.encode({
+        "type": "session", "id": agent.session.id, "backend": agent.config.backend,
+        "provider": agent.provider.name, "model": agent.provider.model,
+    })
+
+
+def limit_words(agent: Agent) -> str:
+    """Name the output limit the answer hit: the provider's `max_tokens` when it has one (openai sends it)."""
+    limit = getattr(agent.provider, "max_tokens", None)
+    if limit:
+        return f"the answer hit the output limit of {limit} tokens (max_tokens) and was cut off"
+    return f"the answer hit the {getattr(agent.provider, 'name', 'provider')} provider's output limit and was cut off"
 
 
 async def _cancel_on_signal(loop: Any) -> None:

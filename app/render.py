@@ -12,12 +12,16 @@ from cairn.persistence.events import (
     AssistantChunk,
     AssistantMessage,
     IgnorableEvent,
+    ReasoningChunk,
     RecoveryVerdict,
+    RequestRetry,
     ToolCall,
     ToolResult,
     TurnEnd,
     TurnStart,
+    Usage,
     UserMessage,
+    usage_totals,
 )
 
 STATUS_WORDS = {
@@ -49,8 +53,21 @@ def format_time(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ms / 1000))
 
 
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
+USAGE_WORDS = {"input_tokens": "in", "output_tokens": "out", "cached_tokens": "cached", "reasoning_tokens": "reasoning"}
+
+
+def format_usage(usage: Usage | dict) -> str:
+    """Compact token counts, e.g. `in 1,204 · out 87 · cached 1,024`; unknown counts are left out."""
+    get = usage.get if isinstance(usage, dict) else lambda name: getattr(usage, name)
+    parts = [f"{USAGE_WORDS[name]} {get(name):,}" for name in USAGE_FIELDS if get(name) is not None]
+    return " · ".join(parts)
+
+
 def render_session(events: list[AnyEvent], repair_from: int | None = None) -> str:
-    """A readable transcript. Events at index >= repair_from are marked as added by repair (not yet written)."""
+    """A readable transcript. Events at index >= repair_from are marked as added by repair (not yet written).
+    Reasoning is shown indented under `┆`, each answer's token usage after it, and the session's totals at the end.
+    The result still holds whatever the log holds: print it through `safe_text`."""
     out: list[str] = []
     names: dict[str, str] = {}
     for i, e in enumerate(events):
@@ -61,12 +78,20 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
             out.append(f"> {e.text}")
         elif isinstance(e, AssistantMessage):
             flag = " (interrupted)" if e.interrupted else ""
+            if e.reasoning:
+                out.extend(f"  ┆ {line}" for line in e.reasoning.strip().splitlines())
             if e.text:
                 out.append(e.text.rstrip() + flag)
             elif e.interrupted:
                 out.append("(interrupted before any text)")
             for c in e.tool_calls:
                 names[c.call_id] = c.name
+            if e.finish_reason not in (None, "stop", "tool_calls"):
+                out.append(f"  (answer ended: {e.finish_reason})")
+            if e.usage is not None and format_usage(e.usage):
+                out.append(f"  [tokens: {format_usage(e.usage)}]")
+        elif isinstance(e, RequestRetry):
+            out.append(f"  ↻ retry, attempt {e.attempt} after {e.reason} (waited {e.delay_ms / 1000:.1f} s)")
         elif isinstance(e, ToolCall):
             names[e.call_id] = e.name
             nested = f" (nested in {e.parent_call_id})" if e.parent_call_id else ""
@@ -85,16 +110,23 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
         elif isinstance(e, IgnorableEvent):
             out.append(f"  (ignored event {e.type})")
     # chunks of a step that never got its assistant/message (crash mid-stream) are still worth seeing
-    dangling = _dangling_chunks(events)
+    thinking = _dangling_chunks(events, ReasoningChunk)
+    if thinking:
+        out.append(f"(partial reasoning before the crash: {thinking!r})")
+    dangling = _dangling_chunks(events, AssistantChunk)
     if dangling:
         out.append(f"(partial answer before the crash: {dangling!r})")
+    answers = sum(1 for e in events if isinstance(e, AssistantMessage) and e.usage is not None)
+    if answers:
+        totals = format_usage(usage_totals(events, USAGE_FIELDS))
+        out.append(f"── session tokens: {totals} over {answers} answer{'s' if answers != 1 else ''} ──")
     return "\n".join(out)
 
 
-def _dangling_chunks(events: list[AnyEvent]) -> str:
+def _dangling_chunks(events: list[AnyEvent], kind: type = AssistantChunk) -> str:
     parts: list[str] = []
     for e in events:
-        if isinstance(e, AssistantChunk):
+        if isinstance(e, kind):
             parts.append(e.delta)
         elif isinstance(e, AssistantMessage):
             parts = []

@@ -219,7 +219,9 @@ def types(events: list[dict[str, Any]]) -> list[str]:
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    """The events `cairn run --json` printed (its first line, `{"type": "session", …}`, is not an event: no seq)."""
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [line for line in lines if "seq" in line]
 
 
 def assert_contiguous(events: list[dict[str, Any]]) -> None:

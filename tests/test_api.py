@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cairn.app.api import open_session
-from cairn.persistence.events import TurnEnd, TurnStart
+from cairn.persistence.events import RequestHeader, TurnEnd, TurnStart
 
 pytestmark = pytest.mark.anyio
 
@@ -34,3 +34,23 @@ async def test_open_run_and_resume_continue_one_session(tmp_path):
     assert [e.seq for e in events] == list(range(len(events)))
     assert [e.turn for e in events if isinstance(e, TurnStart)] == [1, 2]
     assert [e.reason for e in events if isinstance(e, TurnEnd)] == ["completed", "completed"]
+
+
+async def test_resume_keeps_the_sessions_provider_and_model_unless_chosen(tmp_path, monkeypatch):
+    for name in ("CAIRN_PROVIDER", "CAIRN_MODEL", "CAIRN_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "ws").mkdir()
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"responses": [{"text": "one"}, {"text": "two"}, {"text": "three"}]}))
+    where = dict(workspace=str(tmp_path / "ws"), home=str(tmp_path / "home"))
+    async with open_session(**where, provider="script", script=str(script), model="m-1") as session:
+        await session.run("first")
+        session_id = session.id
+    async with open_session(**where, script=str(script), resume=session_id) as session:  # no provider, no model
+        assert (session.provider.name, session.provider.model) == ("script", "m-1")
+        await session.run("second")
+    async with open_session(**where, resume=session_id, provider="demo") as session:
+        assert (session.provider.name, session.provider.model) == ("demo", "demo")
+        await session.run("third")
+        headers = [(e.provider, e.model) for e in session.session.events if isinstance(e, RequestHeader)]
+    assert headers == [("script", "m-1"), ("script", "m-1"), ("demo", "demo")]

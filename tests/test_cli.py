@@ -107,7 +107,8 @@ def test_run_without_yes_denies_side_effects(env, tmp_path):
 def test_run_json_prints_every_event_as_a_json_line(env):
     proc = cairn(env, "run", "--json", "read README.md")
     assert proc.returncode == 0, proc.stderr
-    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    first, *events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert first["type"] == "session" and "seq" not in first  # rev 2: the session line, then the events
     assert [e["seq"] for e in events] == list(range(len(events)))
     assert events[0]["type"] == "turn/start" and events[-1]["type"] == "turn/end"
     assert any(e["type"] == "tool/result" and "demo readme" in e["content"] for e in events)

@@ -91,8 +91,11 @@ TWO_CALLS = [
 def reach_tool_side_effect(rig: Rig, sid: str, server: OpenAIServer) -> Child:
     marker = rig.ws / "side.marker"
     child = rig.spawn(*script_run(rig, sid, [{"text": "Two things.", "tool_calls": TWO_CALLS}], "--yes"))
-    rig.process_groups.append(rig.ws / "side.pid")  # `sleep 60` outlives a SIGKILLed cairn: killed at teardown
+    rig.process_groups.append(rig.ws / "side.pid")  # a safety net: the command now dies with cairn (parent-death)
     wait_until(lambda: marker.exists() and marker.read_text() == "done", "the command's side effect (side.marker)",
+               child=child)
+    # tool/progress is write-behind: wait until it reached the OS, so the stored part is the same every run
+    wait_until(lambda: "tool/progress" in rig.stored_types(sid), "tool/progress written",
                child=child)
     return child
 
@@ -198,7 +201,8 @@ CASES = {
     "mid-stream": Case(reach_mid_stream, [*REQUESTED, "assistant/chunk", "assistant/chunk"], CLOSE, check_mid_stream),
     "tool-side-effect": Case(
         reach_tool_side_effect,
-        [*REQUESTED, "assistant/chunk", "assistant/message", "approval/asked", "approval/decided", "tool/call"],
+        [*REQUESTED, "assistant/chunk", "assistant/message", "approval/asked", "approval/decided", "tool/call",
+         "tool/progress"],
         ["tool/result", "tool/result", *CLOSE],
         check_tool_side_effect,
     ),
@@ -208,7 +212,8 @@ CASES = {
     ),
     "after-tool-result": Case(
         reach_after_tool_result,
-        [*REQUESTED, "assistant/message", "approval/asked", "approval/decided", "tool/call", "tool/result"],
+        [*REQUESTED, "assistant/message", "approval/asked", "approval/decided", "tool/call", "tool/progress",
+         "tool/result"],
         ["tool/result", *CLOSE],
         check_after_tool_result,
     ),

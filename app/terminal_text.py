@@ -1,0 +1,29 @@
+"""Text that is safe to print to a terminal (SPEC §8: control characters are neutralised in everything Cairn prints).
+
+Model output, tool output, prompts, file names and session files are outside input: an ESC sequence in any of them could
+recolour the screen, move the cursor, set the window title, or write the clipboard (OSC 52) if printed raw. `safe_text`
+keeps newlines and tabs, and makes every other control character visible instead of letting the terminal act on it:
+ESC → ␛, other C0 controls → their Unicode control picture (U+2400 + code), DEL → ␡, C1 controls (U+0080–U+009F) → �.
+Lone surrogates (undecodable bytes smuggled in by Python's surrogateescape) become U+FFFD, so printing never raises
+UnicodeEncodeError either. `--json` output needs none of this: the JSON encoder escapes control characters already.
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return chr(0x2400 + code)  # ␛ for ESC (0x1b), ␀ for NUL, …
+    if code == 0x7F:
+        return "\u2421"  # ␡
+    return "\ufffd"  # C1 controls and lone surrogates
+
+
+def safe_text(text: str) -> str:
+    """`text` with every control character except `\\n` and `\\t` made visible, and lone surrogates replaced."""
+    return _UNSAFE.sub(_visible, text)
