@@ -13,10 +13,15 @@ One ACP session is one Cairn session (same id), composed, checkpointed and repai
 | session/cancel    | cancels the running turn through the loop                                                      |
 
 Stop reasons: a completed turn → `end_turn`; a cancelled one (`session/cancel`, a dismissed permission request, or
-shutdown) → `cancelled`; the loop's step limit → `max_turn_requests`. A turn that ends in error (provider down, bad
+shutdown) → `cancelled`; the loop's step limit → `max_turn_requests`; an answer cut off at the output limit (turn error
+MAX_TOKENS; its tool calls were not run) → `max_tokens`. Any other turn that ends in error (provider down, bad
 model output, a failed checkpoint) has no honest stop reason — `refusal` would tell the client the model refused — so
 the prompt is answered with a JSON-RPC error: code -32603, the turn's error message as the message, and
 `{"code": <Cairn error code>, "turn": n, "sessionId": id}` as data. The session stays usable and resumable.
+
+Reasoning streams as `agent_thought_chunk` updates (and is replayed by session/load). Token usage reported by the
+provider goes out as the turn's `PromptResponse.usage` (unstable in ACP). There is no `usage_update` session update:
+that one describes the context window's fill (`used`/`size`), which Cairn does not track per session.
 
 Errors when opening a session: unknown id → -32002 (ACP's "resource not found"); malformed id, missing cwd → -32602;
 locked by another process, corrupt or unsupported log → -32603; each with the same one-line message the CLI prints.
@@ -60,10 +65,11 @@ from acp.schema import (
 
 from cairn import __version__
 from cairn.persistence.errors import InvalidSessionId, PersistenceError, SessionExists, SessionLocked, SessionNotFound
+from cairn.persistence.events import MAX_TOKENS
 from cairn.persistence.store import OpenedSession, SessionStore
 
 from .acp_session import SessionHost
-from .acp_updates import replay
+from .acp_updates import replay, wire
 from .config import Config
 from .loop import TurnResult
 from .render import first_line
@@ -129,12 +135,12 @@ class CairnAgent:
         here = Path(cwd).resolve() if cwd else None
         sessions = [
             SessionInfo(
-                session_id=s.id, cwd=s.cwd, title=first_line(s.first_prompt, 80) or None,
+                session_id=s.id, cwd=wire(s.cwd), title=wire(first_line(s.first_prompt, 80)) or None,
                 updated_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s.updated / 1000))
                 + f".{s.updated % 1000:03d}Z",
             )
             for s in self.store.list_sessions()
-            if here is None or Path(s.cwd).resolve() == here
+            if s.status != "unreadable" and (here is None or Path(s.cwd).resolve() == here)
         ]
         return ListSessionsResponse(sessions=sessions)
 
@@ -146,7 +152,8 @@ class CairnAgent:
             result = await host.run_turn(text)
         finally:
             self._prompt_ended()
-        return PromptResponse(stop_reason=stop_reason(result, session_id))
+        usage = host.turn_usage(result.turn) if result is not None else None
+        return PromptResponse(stop_reason=stop_reason(result, session_id), usage=usage)
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         host = self.sessions.get(session_id)
@@ -248,7 +255,9 @@ def stop_reason(result: TurnResult | None, session_id: str) -> StopReason:
     assert result.error is not None
     if result.error.code == "MAX_STEPS":
         return "max_turn_requests"
+    if result.error.code == MAX_TOKENS:
+        return "max_tokens"
     raise RequestError(
-        INTERNAL, f"the turn ended in error: {result.error.message}",
+        INTERNAL, wire(f"the turn ended in error: {result.error.message}"),
         {"code": result.error.code, "turn": result.turn, "sessionId": session_id},
     )

@@ -32,12 +32,12 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
+from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate, Usage
 
-from cairn.persistence.events import AnyEvent, Decision
+from cairn.persistence.events import AnyEvent, AssistantMessage, Decision, TurnStart
 from cairn.persistence.store import OpenedSession
 
-from .acp_updates import live_updates, tool_kind, tool_title
+from .acp_updates import live_updates, tool_kind, tool_title, wire
 from .approval import ApprovalRequest
 from .compose import Agent, open_agent
 from .config import Config
@@ -186,6 +186,28 @@ class SessionHost:
         await self.pump.drain()
         return waiter.result
 
+    def turn_usage(self, turn: int) -> Usage | None:
+        """The tokens the provider reported for `turn`, summed over its answers; None when none reported any. Sent as
+        `PromptResponse.usage` (marked unstable in ACP; a client that does not know it ignores it)."""
+        if self.agent is None:
+            return None
+        inputs = outputs = cached = thought = 0
+        known = False
+        for event in reversed(self.agent.session.events):
+            if isinstance(event, TurnStart) and event.turn == turn:
+                break
+            if isinstance(event, AssistantMessage) and event.turn == turn and event.usage is not None:
+                u = event.usage
+                known = known or u.input_tokens is not None or u.output_tokens is not None
+                inputs += u.input_tokens or 0
+                outputs += u.output_tokens or 0
+                cached += u.cached_tokens or 0
+                thought += u.reasoning_tokens or 0
+        if not known:
+            return None
+        return Usage(total_tokens=inputs + outputs, input_tokens=inputs, output_tokens=outputs,
+                     cached_read_tokens=cached or None, thought_tokens=thought or None)
+
     def cancel(self) -> None:
         """`session/cancel`: the running turn ends `cancelled` through the loop, as in the TUI."""
         if self.agent is not None:
@@ -219,8 +241,8 @@ class SessionHost:
         cancel does from its approval prompt; a client that answers with an error or an unknown option denies."""
         await self.pump.drain()  # the client has the `tool_call` this request refers to
         tool_call = ToolCallUpdate(
-            tool_call_id=request.call_id, title=tool_title(request.name, request.arguments),
-            kind=tool_kind(request.name), status="pending", raw_input=request.arguments,
+            tool_call_id=wire(request.call_id), title=tool_title(request.name, request.arguments),
+            kind=tool_kind(request.name), status="pending", raw_input=wire(request.arguments),
         )
         try:
             response = await self.conn.request_permission(

@@ -52,7 +52,7 @@ class RecordingClient:
 def summary(update: Any) -> tuple[Any, ...]:
     """An update as a short tuple: (kind, text) for messages, (kind, call_id, status) for tool calls."""
     kind = update.session_update
-    if kind in ("agent_message_chunk", "user_message_chunk"):
+    if kind in ("agent_message_chunk", "user_message_chunk", "agent_thought_chunk"):
         return (kind, update.content.text)
     return (kind, update.tool_call_id, update.status)
 

@@ -422,6 +422,24 @@ async def test_sessions_screen_lists_sessions_and_refuses_to_open_a_live_locked_
         lock.release()
 
 
+async def test_sessions_screen_lists_an_unreadable_file_and_refuses_to_open_or_inspect_it(tmp_path):
+    world = make_world(tmp_path, [])
+    write_log(world.store, "older", completed_turn(1, "list the files", "Here they are."))
+    (world.store.home / "sessions" / "broken.jsonl").write_bytes(b'[1, 2, 3]\n')
+    app = world.sessions_app()
+    async with running(app) as pilot:
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen, "sessions")
+        table = screen.query_one(DataTable)
+        rows = {key.value: [str(cell) for cell in table.get_row(key)] for key in table.rows}
+        assert set(rows) == {"older", "broken"} and rows["broken"][1] == "unreadable"
+        table.move_cursor(row=table.get_row_index("broken"))
+        for key in ("enter", "i"):
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.is_running and app.screen is screen, f"{key} on an unreadable row keeps the list"
+        assert sum("broken cannot be read" in m for m in notifications(app)) == 2
+
+
 async def test_ctrl_o_opens_the_sessions_screen_from_the_chat_and_escape_returns(tmp_path):
     world = make_world(tmp_path, [])
     write_log(world.store, "older", completed_turn(1, "list the files", "Here they are."))

@@ -24,6 +24,7 @@ from tui_helpers import completed_turn, crashed_turn, make_world, wait_for, writ
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.status_bar import StatusBar
 from cairn.widgets.tool_card import ToolCard
+from cairn.widgets.reasoning import ReasoningBlock
 from cairn.widgets.transcript import AssistantText
 
 SIZE = (120, 32)
@@ -89,6 +90,24 @@ def test_finished_turn_with_two_tool_cards(snap_compare, tmp_path):
         await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["done", "done"], "two cards")
         await wait_for(pilot, lambda: [a.source for a in app.chat.query(AssistantText)][-1:] == [final], "answer")
         await wait_for(pilot, lambda: "idle" in status(app) and "durable through seq 16" in status(app), "idle")
+
+    assert snapshot(snap_compare, app, run_turn)
+
+
+def test_step_with_reasoning_collapsed_above_its_answer_and_token_usage(snap_compare, tmp_path):
+    answer = "A cairn is a pile of stones that marks a trail."
+    world = make_world(tmp_path, [
+        {"reasoning": "The user asks what a cairn is.\nA short definition will do.", "text": answer,
+         "usage": {"input_tokens": 1234, "output_tokens": 56}},
+    ])
+    app = world.new_app()
+
+    async def run_turn(pilot) -> None:
+        await submit(pilot, app, "what is a cairn?")
+        await wait_for(pilot, lambda: [a.source for a in app.chat.query(AssistantText)][-1:] == [answer], "answer")
+        await wait_for(pilot, lambda: "idle" in status(app) and "durable through seq 8" in status(app), "idle")
+        block = app.chat.query_one(ReasoningBlock)
+        assert block.collapsed and not block.streaming
 
     assert snapshot(snap_compare, app, run_turn)
 

@@ -1,9 +1,60 @@
-"""The status bar: session, provider/model, backend, turn state and durability ("durable through seq N")."""
+"""The status bar: session, provider/model, backend, turn state, token usage and durability ("durable through seq N").
+
+Token usage is what the provider reported on `assistant/message.usage`: input (↑) and output (↓) tokens of the current
+(or last) turn and of the whole session. It is left out while nothing is known, e.g. with a server that sends no usage.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from textual.reactive import reactive
 from textual.widgets import Static
+
+from cairn.app.terminal_text import safe_text
+from cairn.persistence.events import Usage
+
+
+def format_tokens(n: int) -> str:
+    """Compact counts for a one-line bar: 950, 12.3k, 123k, 1.2M."""
+    if n < 1000:
+        return str(n)
+    if n < 100_000:
+        return f"{n / 1000:.1f}k"
+    if n < 1_000_000:
+        return f"{n // 1000}k"
+    return f"{n / 1_000_000:.1f}M"
+
+
+@dataclass
+class TokenTotals:
+    """Sums of the counts providers reported; `known` stays False until some answer reported any."""
+
+    input: int = 0
+    output: int = 0
+    known: bool = False
+
+    def add(self, usage: Usage | None) -> None:
+        if usage is None or (usage.input_tokens is None and usage.output_tokens is None):
+            return
+        self.input += usage.input_tokens or 0
+        self.output += usage.output_tokens or 0
+        self.known = True
+
+    def __str__(self) -> str:
+        return f"↑{format_tokens(self.input)} ↓{format_tokens(self.output)}"
+
+
+def usage_text(turn: TokenTotals, session: TokenTotals) -> str:
+    """`turn ↑1.2k ↓340 · session ↑12.3k ↓1.2k`; the session part alone when this turn reported nothing yet, and the
+    turn part alone while it is the whole session."""
+    if not session.known:
+        return ""
+    if not turn.known:
+        return f"session {session}"
+    if (turn.input, turn.output) == (session.input, session.output):
+        return f"tokens {turn}"
+    return f"turn {turn} · session {session}"
 
 
 class StatusBar(Static):
@@ -16,15 +67,30 @@ class StatusBar(Static):
     provider: reactive[str] = reactive("")
     backend: reactive[str] = reactive("")
     activity: reactive[str] = reactive("idle")
+    usage: reactive[str] = reactive("")
     durability: reactive[str] = reactive("")
     failed: reactive[bool] = reactive(False)
 
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(markup=False, **kwargs)  # type: ignore[arg-type]
+
     def render(self) -> str:
-        parts = [self.session_id, self.provider, self.backend, self.activity, self.durability]
-        return "  │  ".join(p for p in parts if p)
+        """All parts when they fit; on a narrow terminal the separators tighten, then the backend and the provider
+        go (both are on the sessions screen and in the welcome line), so turn state, usage and durability stay."""
+        width = self.content_region.width or 1_000
+        parts = [self.session_id, self.provider, self.backend, self.activity, self.usage, self.durability]
+        line = "  │  ".join(p for p in parts if p)
+        for dropped in ((), (2,), (1, 2)):
+            if len(line) <= width:
+                break
+            line = " │ ".join(p for i, p in enumerate(parts) if p and i not in dropped)
+        return safe_text(line)
 
     def watch_failed(self, failed: bool) -> None:
         self.set_class(failed, "-failed")
+
+    def show_usage(self, turn: TokenTotals, session: TokenTotals) -> None:
+        self.usage = usage_text(turn, session)
 
     def show_durability(self, state: str, durable_seq: int, error: str | None = None) -> None:
         if state == "failed":

@@ -1,4 +1,8 @@
-"""A tool-call card: name, arguments summary, safety class and a live status, with the output expandable."""
+"""A tool-call card: name, arguments summary, safety class and a live status, with the output expandable.
+
+Name, arguments and output come from the model and the tools: they are made terminal-safe (`safe_text`) and given to
+widgets as `Text` or with markup off, never parsed as markup.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from textual.reactive import reactive
 from textual.widgets import Collapsible, Static
 
 from cairn.app.render import summarize_arguments
+from cairn.app.terminal_text import safe_text
 
 STATUS_LABELS = {
     "queued": "… queued",
@@ -19,6 +24,7 @@ STATUS_LABELS = {
     "aborted": "⊘ aborted",
     "not started": "⊘ NOT_STARTED",
     "outcome unknown": "⚠ OUTCOME_UNKNOWN",
+    "truncated": "✂ TRUNCATED, not run",
 }
 
 ERROR_STATUS = {
@@ -26,6 +32,7 @@ ERROR_STATUS = {
     "TOOL_OUTCOME_UNKNOWN": "outcome unknown",
     "ABORTED_BEFORE_DISPATCH": "aborted",
     "DENIED": "denied",
+    "TRUNCATED": "truncated",
 }
 
 
@@ -41,7 +48,7 @@ class ToolCard(Vertical):
     ToolCard .title { height: 1; }
     ToolCard.-done { border: round $success 50%; }
     ToolCard.-error, ToolCard.-denied, ToolCard.-aborted { border: round $error 60%; }
-    ToolCard.-not-started, ToolCard.-outcome-unknown { border: round $warning; }
+    ToolCard.-not-started, ToolCard.-outcome-unknown, ToolCard.-truncated { border: round $warning; }
     ToolCard Collapsible { padding: 0; border: none; }
     """
 
@@ -75,9 +82,9 @@ class ToolCard(Vertical):
         from rich.text import Text
 
         title = Text()
-        title.append(self.tool_name, style="bold")
-        title.append(f"({summarize_arguments(self.arguments, 60)})")
-        title.append(f"  [{self.safety}]  ", style="dim")
+        title.append(safe_text(self.tool_name), style="bold")
+        title.append(f"({safe_text(summarize_arguments(self.arguments, 60))})")
+        title.append(f"  [{safe_text(self.safety)}]  ", style="dim")
         title.append(STATUS_LABELS.get(self.status, self.status))
         self._title.update(title)
 
@@ -87,7 +94,7 @@ class ToolCard(Vertical):
 
     def set_result(self, content: str, error_code: str | None) -> None:
         self.status = status_for(error_code)
-        self._output.update(content)
+        self._output.update(safe_text(content))
         self._collapsible.display = bool(content)
         lines = content.count("\n") + 1
         self._collapsible.title = f"output ({lines} line{'s' if lines != 1 else ''})"

@@ -1,8 +1,14 @@
-"""The chat transcript, derived from session events: user prompts, streamed assistant Markdown, tool-call cards.
+"""The chat transcript, derived from session events: user prompts, the model's reasoning, streamed assistant Markdown,
+tool-call cards.
 
 History and live updates go through the same `apply()`, so what a resumed session shows is exactly what was seen live.
 Streaming writes go to Textual's MarkdownStream, which batches fragments while a render is in flight, so a fast model
-does not re-render the document once per token.
+does not re-render the document once per token. Reasoning streams into a collapsed `ReasoningBlock` above the step's
+answer; in history it comes from `assistant/message.reasoning`.
+
+Every text that reaches a widget here came from outside (model, tools, prompts, the session file) and passes through
+`safe_text` first: an ESC or OSC sequence is shown as a visible symbol, never acted on by the terminal. Plain texts are
+given to widgets with markup off, so `[b]` in a prompt or a tool's output is shown as written.
 """
 
 from __future__ import annotations
@@ -11,13 +17,17 @@ from typing import Callable
 
 from rich.markdown import Markdown as RichMarkdown
 from textual.containers import VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
+from cairn.app.terminal_text import safe_text
 from cairn.persistence.events import (
+    MAX_TOKENS,
     AnyEvent,
     ApprovalAsked,
     AssistantChunk,
     AssistantMessage,
+    ReasoningChunk,
     RecoveryVerdict,
     ToolCall,
     ToolResult,
@@ -25,6 +35,7 @@ from cairn.persistence.events import (
     UserMessage,
 )
 
+from .reasoning import ReasoningBlock
 from .tool_card import ToolCard
 
 
@@ -67,27 +78,59 @@ class Transcript(VerticalScroll):
         self._stream = None  # MarkdownStream of the answer being streamed
         self._streamed = ""
         self._segment = ""  # the part of the answer still in the live Markdown widget
+        self._answer_start: Widget | None = None  # the first widget of the step's answer (reasoning goes above it)
+        self._reasoning: ReasoningBlock | None = None  # the step's reasoning block, once mounted
+        self._reasoned = ""  # reasoning chunks read from history (their assistant/message holds the whole text)
+
+    @property
+    def reasoning_blocks(self) -> list[ReasoningBlock]:
+        return list(self.query(ReasoningBlock))
 
     async def apply_many(self, events: list[AnyEvent]) -> None:
-        """Apply a batch of live events; consecutive chunks become one Markdown write, and the view scrolls once.
+        """Apply a batch of live events; consecutive chunks of one kind become one write, and the view scrolls once.
         When the model streams faster than the screen renders, batches grow and the cost per token shrinks."""
-        deltas: list[str] = []
+        run: list[str] = []
+        run_kind: type | None = None
         for event in events:
-            if isinstance(event, AssistantChunk):
-                deltas.append(event.delta)
+            kind = type(event) if isinstance(event, (AssistantChunk, ReasoningChunk)) else None
+            if run and kind is not run_kind:
+                await self._write_run(run_kind, run)
+                run = []
+            if kind is not None:
+                run_kind = kind
+                run.append(event.delta)  # type: ignore[union-attr]
                 continue
-            if deltas:
-                await self._write_delta("".join(deltas))
-                deltas = []
             await self.apply(event, live=True, scroll=False)
-        if deltas:
-            await self._write_delta("".join(deltas))
+        if run:
+            await self._write_run(run_kind, run)
         self.scroll_end(animate=False)
 
+    async def _write_run(self, kind: type | None, deltas: list[str]) -> None:
+        if kind is ReasoningChunk:
+            await self._write_reasoning("".join(deltas))
+        else:
+            await self._write_delta("".join(deltas))
+
+    async def _write_reasoning(self, text: str) -> None:
+        if self._reasoning is None:
+            self._reasoning = ReasoningBlock(streaming=True)
+            await self._mount_above_answer(self._reasoning)
+        await self._reasoning.append(text)
+
+    async def _mount_above_answer(self, widget: Widget) -> None:
+        if self._answer_start is not None and self._answer_start.parent is self:
+            await self.mount(widget, before=self._answer_start)
+        else:
+            await self.mount(widget)
+
     async def _write_delta(self, text: str) -> None:
+        text = safe_text(text)
         if self._stream is None:
+            if self._reasoning is not None and self._reasoning.streaming:
+                await self._reasoning.finish()  # the answer starts: the thinking folds away
             self._assistant = AssistantText()
             await self.mount(self._assistant)
+            self._answer_start = self._answer_start or self._assistant
             self._stream = Markdown.get_stream(self._assistant)
             self._segment = ""
         self._streamed += text
@@ -109,7 +152,10 @@ class Transcript(VerticalScroll):
         tail = self._segment[cut + 2 :]
         assert self._stream is not None and self._assistant is not None
         await self._stream.stop()
-        await self.mount(SealedText(head), before=self._assistant)
+        sealed = SealedText(head)
+        await self.mount(sealed, before=self._assistant)
+        if self._answer_start is self._assistant:
+            self._answer_start = sealed
         await self._assistant.remove()
         self._assistant = AssistantText()
         await self.mount(self._assistant)
@@ -119,12 +165,17 @@ class Transcript(VerticalScroll):
 
     async def apply(self, event: AnyEvent, live: bool = True, scroll: bool = True) -> None:
         if isinstance(event, UserMessage):
-            await self.mount(UserPrompt(f"> {event.text}", markup=False))
+            await self.mount(UserPrompt(f"> {safe_text(event.text)}", markup=False))
         elif isinstance(event, AssistantChunk):
             if live:
                 await self._write_delta(event.delta)
             else:
-                self._streamed += event.delta
+                self._streamed += safe_text(event.delta)
+        elif isinstance(event, ReasoningChunk):
+            if live:
+                await self._write_reasoning(event.delta)
+            else:
+                self._reasoned += event.delta
         elif isinstance(event, AssistantMessage):
             await self._finish_answer(event)
         elif isinstance(event, ApprovalAsked):
@@ -145,14 +196,11 @@ class Transcript(VerticalScroll):
                 card.set_result(event.content, event.error_code)
         elif isinstance(event, RecoveryVerdict):
             note = f" — {event.note}" if event.note else ""
-            await self.mount(Notice(f"verdict on {event.call_id}: {event.verdict}{note}", markup=False))
+            await self.mount(Notice(safe_text(f"verdict on {event.call_id}: {event.verdict}{note}"), markup=False))
         elif isinstance(event, TurnEnd):
             await self._finish_answer(None)
             if event.reason != "completed":
-                detail = f": {event.error.message}" if event.error else ""
-                notice = Notice(f"turn {event.turn} {event.reason}{detail}", markup=False)
-                notice.add_class("-error" if event.reason == "error" else "-warning")
-                await self.mount(notice)
+                await self.mount(turn_notice(event))
         if live and scroll:
             self.scroll_end(animate=False)
 
@@ -160,8 +208,9 @@ class Transcript(VerticalScroll):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        await self._finish_reasoning(message)
         if message is not None:
-            text = message.text + (" *(interrupted)*" if message.interrupted else "")
+            text = safe_text(message.text) + (" *(interrupted)*" if message.interrupted else "")
             if self._assistant is None and text.strip():
                 await self.mount(AssistantText(text))
             elif self._assistant is not None and message.interrupted:
@@ -176,3 +225,30 @@ class Transcript(VerticalScroll):
             await self.mount(AssistantText(self._streamed + " *(cut off by a crash)*"))
         self._assistant = None
         self._streamed = ""
+        self._answer_start = None
+
+    async def _finish_reasoning(self, message: AssistantMessage | None) -> None:
+        """Close the step's reasoning: the block streamed live gets its final text; history (or an answer whose
+        reasoning never streamed) gets a collapsed block above the answer; reasoning chunks whose message never came
+        (a crash mid-stream) are shown as cut off."""
+        stored = message.reasoning if message is not None else None
+        if self._reasoning is not None:
+            cut_off = message is None and self._reasoning.streaming
+            await self._reasoning.finish(stored, note="cut off" if cut_off else "")
+        elif stored:
+            await self._mount_above_answer(ReasoningBlock(stored))
+        elif message is None and self._reasoned:
+            await self._mount_above_answer(ReasoningBlock(self._reasoned, note="cut off by a crash"))
+        self._reasoning = None
+        self._reasoned = ""
+
+
+def turn_notice(event: TurnEnd) -> Notice:
+    """The line a turn that did not complete leaves in the chat. A MAX_TOKENS error also shows its code; its message
+    (from the loop) names the limit and how to raise it."""
+    detail = f": {event.error.message}" if event.error else ""
+    if event.error is not None and event.error.code == MAX_TOKENS:
+        detail = f" ({MAX_TOKENS}){detail}"
+    notice = Notice(safe_text(f"turn {event.turn} {event.reason}{detail}"), markup=False)
+    notice.add_class("-error" if event.reason == "error" else "-warning")
+    return notice

@@ -8,10 +8,12 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from ..approval import ApprovalRequest
+from ..terminal_text import safe_text
 
 
 class ApprovalModal(ModalScreen[str]):
@@ -39,8 +41,10 @@ class ApprovalModal(ModalScreen[str]):
     def compose(self) -> ComposeResult:
         r = self.request
         with Vertical():
-            yield Label(f"Allow [b]{r.name}[/b]? ({r.safety.replace('_', '-')})")
-            yield Static(json.dumps(r.arguments, indent=2, ensure_ascii=False), id="arguments", markup=False)
+            # the name and arguments come from the model: made terminal-safe, and the name escaped inside the markup
+            yield Label(f"Allow [b]{escape(safe_text(r.name))}[/b]? ({r.safety.replace('_', '-')})")
+            yield Static(safe_text(json.dumps(r.arguments, indent=2, ensure_ascii=False)), id="arguments",
+                         markup=False)
             with Horizontal():
                 yield Button(r"Allow once \[a]", id="allowed_once", variant="primary")
                 yield Button(r"Allow for session \[s]", id="allowed_session")

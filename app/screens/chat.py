@@ -25,13 +25,14 @@ from ..compose import Agent, mount_agent
 from ..config import Config
 from ..loop import TurnResult
 from ..providers.base import Provider
+from ..terminal_text import safe_text
 from ..tools.registry import builtin_safety
-from cairn.persistence.events import AnyEvent, RecoveryVerdict, TurnEnd, TurnStart
+from cairn.persistence.events import AnyEvent, AssistantMessage, RecoveryVerdict, TurnEnd, TurnStart
 from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.session import LiveSession
 from cairn.widgets.persistence_service import PersistenceService
 from cairn.widgets.prompt_input import PromptInput
-from cairn.widgets.status_bar import StatusBar
+from cairn.widgets.status_bar import StatusBar, TokenTotals
 from cairn.widgets.transcript import Notice, Transcript
 
 from .approval import ApprovalModal
@@ -59,6 +60,7 @@ class ChatScreen(Screen[None]):
 
     BINDINGS = [
         Binding("escape", "cancel_turn", "Cancel turn"),
+        Binding("ctrl+t", "toggle_thinking", "Thinking"),
         Binding("ctrl+o", "sessions", "Sessions"),
         Binding("ctrl+q", "app.quit", "Quit", priority=True),
     ]
@@ -82,6 +84,8 @@ class ChatScreen(Screen[None]):
         self._failure_shown = False
         self._frame = UI_FRAME
         self._due = 0.0
+        self._turn_tokens = TokenTotals()
+        self._session_tokens = TokenTotals()
 
     def compose(self) -> ComposeResult:
         yield Transcript(safety_of=lambda name: builtin_safety(name) or "?", id="transcript")
@@ -100,6 +104,7 @@ class ChatScreen(Screen[None]):
         transcript = self.query_one(Transcript)
         for event in self.session.events:
             await transcript.apply(event, live=False)
+        self._count_tokens(self.session.events)
         if not self.session.events:
             hint = DEMO_HINT if self.provider.name == "demo" else ""
             welcome = WELCOME.format(id=self.session.id, provider=self.provider.name) + hint
@@ -158,8 +163,23 @@ class ChatScreen(Screen[None]):
                 raise
             return
         self._pace_frames(lateness=started - self._due, cost=time.perf_counter() - started)
+        self._count_tokens(events)
         if any(isinstance(e, (TurnStart, TurnEnd)) for e in events):
             self._refresh_activity()
+
+    def _count_tokens(self, events: list[AnyEvent]) -> None:
+        """Usage reported on `assistant/message`, summed for the current (or last) turn and the whole session."""
+        changed = False
+        for event in events:
+            if isinstance(event, TurnStart):
+                self._turn_tokens = TokenTotals()
+                changed = True
+            elif isinstance(event, AssistantMessage) and event.usage is not None:
+                self._turn_tokens.add(event.usage)
+                self._session_tokens.add(event.usage)
+                changed = True
+        if changed:
+            self.query_one(StatusBar).show_usage(self._turn_tokens, self._session_tokens)
 
     @on(PersistenceService.DurabilityChanged)
     def show_durability(self, message: PersistenceService.DurabilityChanged) -> None:
@@ -167,7 +187,8 @@ class ChatScreen(Screen[None]):
         if message.state == "failed":
             if not self._failure_shown:  # one toast per run of failures, so the red status bar stays readable
                 self._failure_shown = True
-                self.notify(str(message.error), title="Checkpoint failed", severity="error", timeout=8, markup=False)
+                self.notify(safe_text(str(message.error)), title="Checkpoint failed", severity="error", timeout=8,
+                            markup=False)
         elif message.state == "durable":
             self._failure_shown = False
 
@@ -180,20 +201,22 @@ class ChatScreen(Screen[None]):
         """The policy's channel for failures it contains (a turn-end barrier that did not make it)."""
         if not self.is_attached:
             return
-        self.notify(text, severity="error", timeout=8, markup=False)
+        self.notify(safe_text(text), severity="error", timeout=8, markup=False)
         self.query_one(StatusBar).failed = True
 
     def _turn_finished(self, result: TurnResult) -> None:
         self._refresh_activity()
 
     def _refresh_activity(self) -> None:
+        if not self.is_attached:  # a turn's result can arrive while the exiting app takes the screen apart
+            return
         loop = self.agent.loop if self.agent else None
         queued = loop.queued if loop else []
         running = loop is not None and loop.busy and (self.session.events and not isinstance(self.session.events[-1], TurnEnd))
         status = self.query_one(StatusBar)
         status.activity = ("● running" if running else "idle") + (f" · {len(queued)} queued" if queued else "")
         queue = self.query_one("#queue", Static)
-        queue.update("\n".join(f"queued: {q}" for q in queued))
+        queue.update(safe_text("\n".join(f"queued: {q}" for q in queued)))
         queue.set_class(bool(queued), "-visible")
 
     # -- input ------------------------------------------------------------------------------------------------------
@@ -211,6 +234,12 @@ class ChatScreen(Screen[None]):
     def action_cancel_turn(self) -> None:
         if self.agent is not None and self.agent.loop.busy:
             self.agent.loop.cancel()
+
+    def action_toggle_thinking(self) -> None:
+        """Expand or fold the latest reasoning block (a click or Enter on a block's title does it for any block)."""
+        blocks = self.query_one(Transcript).reasoning_blocks
+        if blocks:
+            blocks[-1].collapsed = not blocks[-1].collapsed
 
     def action_sessions(self) -> None:
         self.app.action_open_sessions()  # type: ignore[attr-defined]

@@ -14,10 +14,12 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Label, Static
 
 from ..render import summarize_arguments
+from ..terminal_text import safe_text
 from cairn.persistence.events import (
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
@@ -105,10 +107,10 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Session {self.session_id} was interrupted — {len(self.calls)} tool call(s) recovered",
-                        id="title")
+            yield Label(f"Session {escape(safe_text(self.session_id))} was interrupted — {len(self.calls)} tool call(s) "
+                        "recovered", id="title")
             context = f"Interrupted prompt: {self.prompt or '—'}\nLast text: {(self.last_text or '—')[:300]}"
-            yield Static(context, id="context", markup=False)
+            yield Static(safe_text(context), id="context", markup=False)
             yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
             yield Static("", id="told", markup=False)
             yield Button(r"Continue to the chat \[c]", id="continue", variant="primary")
@@ -125,15 +127,15 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
 
     @staticmethod
     def _cells(call: RecoveredCall) -> tuple[Text, ...]:
-        """As `Text`, never markup: a plain string cell would be parsed as markup, and arguments from the model
-        (`ls [/tmp]`) would be mangled or crash the screen."""
+        """As terminal-safe `Text`, never markup: a plain string cell would be parsed as markup, and arguments from the
+        model (`ls [/tmp]`) would be mangled or crash the screen; an ESC in them would reach the terminal."""
         verdict = call.verdict or ("— (press v)" if call.status == "OUTCOME_UNKNOWN" else "")
         cells = (call.tool, summarize_arguments(call.arguments, 28), call.safety, call.status, verdict, call.call_id)
-        return tuple(Text(cell) for cell in cells)
+        return tuple(Text(safe_text(cell)) for cell in cells)
 
     def _show_told(self, row: int) -> None:
         if 0 <= row < len(self.calls):
-            self.query_one("#told", Static).update(f"The model will be told: {self.calls[row].told}")
+            self.query_one("#told", Static).update(safe_text(f"The model will be told: {self.calls[row].told}"))
 
     @on(DataTable.RowHighlighted)
     def highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -152,7 +154,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             if result is None:
                 return
             call.verdict, call.note = result
-            table.update_cell(call.call_id, self._verdict_column, Text(call.verdict))
+            table.update_cell(call.call_id, self._verdict_column, Text(safe_text(call.verdict)))
 
         self.app.push_screen(VerdictDialog(call.call_id, call.tool), record)
 

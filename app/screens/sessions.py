@@ -11,10 +11,12 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
 from ..render import first_line, format_time, render_session
+from ..terminal_text import safe_text
 from cairn.persistence.store import SessionStore, SessionSummary
 
 
@@ -39,12 +41,12 @@ class InspectScreen(Screen[None]):
         inspection = self.store.inspect(self.session_id)
         events = inspection.events + inspection.repair
         live = " (live in another process: shown as it stands)" if inspection.live_pid is not None else ""
-        yield Label(f"Session {self.session_id}{live} — read-only")
+        yield Label(f"Session {escape(safe_text(self.session_id))}{live} — read-only")
         from textual.containers import VerticalScroll
 
         with VerticalScroll():
-            yield Static(render_session(events, len(inspection.events) if inspection.repair else None), id="log",
-                         markup=False)
+            text = render_session(events, len(inspection.events) if inspection.repair else None)
+            yield Static(safe_text(text), id="log", markup=False)
         yield Footer()
 
 
@@ -85,7 +87,8 @@ class SessionsScreen(Screen[SessionChoice | None]):
                 status = "open here"
             prompt = first_line(s.first_prompt, 36) or "—"
             cells = (prompt, status, str(s.events), format_time(s.updated), s.id, s.cwd)
-            table.add_row(*(Text(cell) for cell in cells), key=s.id)  # Text: a prompt's `[/x]` is not markup
+            # Text: a prompt's `[/x]` is not markup; safe_text: nor is its ESC a terminal escape
+            table.add_row(*(Text(safe_text(cell)) for cell in cells), key=s.id)
         table.focus()
 
     def _selected(self) -> SessionSummary | None:
@@ -103,8 +106,11 @@ class SessionsScreen(Screen[SessionChoice | None]):
             self.dismiss(None)
             return
         if chosen.status == "live":
-            self.notify(f"Session {chosen.id} is live in another process; it can only be inspected (i).",
-                        severity="warning")
+            self.notify(safe_text(f"Session {chosen.id} is live in another process; it can only be inspected (i)."),
+                        severity="warning", markup=False)
+            return
+        if chosen.status == "unreadable":
+            self.notify(safe_text(f"Session {chosen.id} cannot be read: {chosen.reason}"), severity="error", markup=False)
             return
         self.dismiss(SessionChoice("open", chosen.id))
 
@@ -113,7 +119,9 @@ class SessionsScreen(Screen[SessionChoice | None]):
 
     def action_inspect(self) -> None:
         chosen = self._selected()
-        if chosen is not None:
+        if chosen is not None and chosen.status == "unreadable":
+            self.notify(safe_text(f"Session {chosen.id} cannot be read: {chosen.reason}"), severity="error", markup=False)
+        elif chosen is not None:
             self.app.push_screen(InspectScreen(self.store, chosen.id))
 
     def action_back(self) -> None:

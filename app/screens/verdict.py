@@ -10,6 +10,8 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, RadioButton, RadioSet
 
+from ..terminal_text import safe_text
+
 VERDICTS = (("happened", "It happened"), ("did_not_happen", "It did not happen"), ("unknown", "Leave it unknown"))
 
 
@@ -34,7 +36,8 @@ class VerdictDialog(ModalScreen[tuple[str, str] | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             # escaped: a call id comes from the model, and `[/x]` in it would be taken for markup
-            yield Label(f"Did [b]{escape(self.tool)}[/b] ({escape(self.call_id)}) take effect?")
+            tool, call_id = escape(safe_text(self.tool)), escape(safe_text(self.call_id))
+            yield Label(f"Did [b]{tool}[/b] ({call_id}) take effect?")
             with RadioSet(id="verdict"):
                 for i, (value, label) in enumerate(VERDICTS):
                     yield RadioButton(label, value=(i == 0), id=value)
