@@ -45,6 +45,30 @@ class CorruptLog(PersistenceError):
         self.reason = reason
 
 
+class NotASessionFile(CorruptLog):
+    """What sits at a session's path is not a regular file (a directory, FIFO, device or symlink): nothing to read.
+
+    A CorruptLog (exit 4) because the session's storage holds something Cairn cannot use, not because it is missing."""
+
+    def __init__(self, path: str, what: str) -> None:
+        PersistenceError.__init__(self, f"{path} is {what}, not a session file; move it out of the sessions directory")
+        self.path = path
+        self.line = 0
+        self.reason = f"{what}, not a regular file"
+
+
+class CorruptDatabase(CorruptLog):
+    """The SQLite file itself cannot be used: not a database, damaged, or another program's database."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        PersistenceError.__init__(
+            self, f"{path}: {reason}; the file was left untouched (move it away or use another --home)"
+        )
+        self.path = path
+        self.line = 0
+        self.reason = reason
+
+
 class UnsupportedFormat(PersistenceError):
     """A header version this build does not understand: distinct from corruption."""
 
@@ -54,10 +78,20 @@ class UnsupportedFormat(PersistenceError):
         elif isinstance(version, int):
             what = f"uses an older format version {version} that this build (version {supported}) no longer reads"
         else:
-            what = f"is not a Cairn session (format/version {version!r})"
+            what = f"is not a Cairn session (format/version {_short_repr(version)})"
         super().__init__(f"{path}: session {what}")
         self.path = path
         self.version = version
+        self.reason = f"session {what}"
+
+
+def _short_repr(value: object, limit: int = 40) -> str:
+    """A header's first line can be anything (a whole JSON array): keep the message one short line."""
+    text = repr(value)
+    if isinstance(value, (list, dict)):
+        kind = "a JSON array" if isinstance(value, list) else "a JSON object"
+        return kind if len(text) > limit else f"{kind} {text}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class CheckpointFailed(PersistenceError):
@@ -73,4 +107,26 @@ class StaleWriter(PersistenceError):
 
 
 class StoreUnavailable(PersistenceError):
-    """The session store cannot be used at all (e.g. its directory is read-only)."""
+    """The session store cannot be used at all (e.g. its directory is read-only, the disk is full)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.reason = message
+
+
+class SessionUnreadable(StoreUnavailable):
+    """A session file exists but this user may not read (or write) it: a permissions problem, exit 2."""
+
+
+class DatabaseBusy(SessionLocked):
+    """Another process holds the SQLite write lock for longer than the busy timeout (exit 3, like a locked session)."""
+
+    def __init__(self, path: str, seconds: float) -> None:
+        PersistenceError.__init__(
+            self,
+            f"{path} is locked by another process (its write lock was held for more than {seconds:g} s); "
+            "try again when that process is done",
+        )
+        self.session_id = ""
+        self.pid = None

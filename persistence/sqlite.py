@@ -4,20 +4,50 @@ Background batches commit with `synchronous=NORMAL` (no fsync); a barrier commit
 fsyncs the WAL and so every earlier NORMAL commit with it. Writes use `BEGIN IMMEDIATE`. Each writer stamps the session
 row with a random token when it opens and checks it inside every write transaction, so a writer that lost its session to
 another (stale writer) fails instead of interleaving. Rows hold the exact JSON line the JSONL backend would write.
+
+The database file is not trusted (SPEC §5): it is looked at with `lstat` before SQLite opens it (a FIFO would block),
+a database holding tables that are not Cairn's is refused rather than extended, and every SQLite failure is translated
+into a one-line persistence error: busy beyond the timeout -> DatabaseBusy (exit 3), not a database or damaged ->
+CorruptDatabase (exit 4), anything else (disk full, I/O error, read-only) -> StoreUnavailable.
+
+Busy waits: opening waits at most `OPEN_BUSY_TIMEOUT` for another process's write transaction (opens can run on an event
+loop, e.g. ACP's). A live append waits only `INLINE_BUSY_WAIT` when it runs on the event loop; if that is not enough it
+fails (the coordinator keeps the events queued) and the writer stops being inline-safe, so every later write runs in a
+worker thread, where it may wait the full `BUSY_TIMEOUT`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import sqlite3
+import stat
+import urllib.parse
 from pathlib import Path
 from typing import Callable
 
 from .backend import Backend, EncodedEvent, LoadedLog, Writer
 from .codec import decode_events
-from .errors import CorruptLog, SessionExists, SessionNotFound, StaleWriter, StoreUnavailable, UnsupportedFormat
+from .errors import (
+    CorruptDatabase,
+    DatabaseBusy,
+    NotASessionFile,
+    PersistenceError,
+    SessionExists,
+    SessionNotFound,
+    StaleWriter,
+    StoreUnavailable,
+    UnsupportedFormat,
+)
 from .events import FORMAT, FORMAT_VERSION, SessionHeader
+from .locks import ensure_private_dir
+
+BUSY_TIMEOUT = 10.0  # seconds a write from a worker thread waits for another process's write transaction
+OPEN_BUSY_TIMEOUT = 2.0  # seconds create/resume wait before saying the database is locked (exit 3)
+INLINE_BUSY_WAIT = 0.05  # seconds an append running on the event loop may wait
+
+_CAIRN_TABLES = {"sessions": {"id", "format", "version", "created", "cwd", "writer"}, "events": {"session_id", "seq", "body"}}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -40,7 +70,29 @@ Connect = Callable[[str], sqlite3.Connection]
 
 
 def default_connect(path: str) -> sqlite3.Connection:
-    return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+    return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT)
+
+
+def _is_busy(e: sqlite3.Error) -> bool:
+    return getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(e)
+
+
+def translate(e: sqlite3.Error, path: Path, doing: str, busy_wait: float = OPEN_BUSY_TIMEOUT) -> PersistenceError:
+    """One readable persistence error for an SQLite failure (the CLI maps it to an exit code)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if _is_busy(e):
+        return DatabaseBusy(str(path), busy_wait)
+    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT) or "not a database" in str(e) or "malformed" in str(e):
+        return CorruptDatabase(str(path), f"not a usable SQLite database ({e})")
+    return StoreUnavailable(f"cannot {doing} {path}: {e}; free some space or fix permissions, or use --home", e)
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class SqliteWriter(Writer):
@@ -50,6 +102,21 @@ class SqliteWriter(Writer):
         self._id = session_id
         self._token = token
         self._sync = "FULL"
+        self._busy_ms = int(BUSY_TIMEOUT * 1000)
+
+    def _begin(self) -> None:
+        """BEGIN IMMEDIATE, waiting for another process's write lock only briefly when on the event loop."""
+        inline = _on_event_loop()
+        busy_ms = int((INLINE_BUSY_WAIT if inline else BUSY_TIMEOUT) * 1000)
+        if busy_ms != self._busy_ms:
+            self._conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+            self._busy_ms = busy_ms
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if inline and _is_busy(e):
+                self.inline_safe = False  # the coordinator will write from a worker thread, where waiting is harmless
+            raise
 
     def _set_sync(self, mode: str) -> None:
         if mode != self._sync:
@@ -59,7 +126,7 @@ class SqliteWriter(Writer):
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:
         conn = self._conn
         self._set_sync("FULL" if durable else "NORMAL")
-        conn.execute("BEGIN IMMEDIATE")
+        self._begin()
         try:
             row = conn.execute("SELECT writer FROM sessions WHERE id = ?", (self._id,)).fetchone()
             if row is None or row[0] != self._token:
@@ -86,42 +153,103 @@ class SqliteWriter(Writer):
 class SqliteBackend(Backend):
     name = "sqlite"
 
-    def __init__(self, home: Path, connect: Connect = default_connect) -> None:
+    def __init__(self, home: Path, connect: Connect = default_connect, open_busy_timeout: float = OPEN_BUSY_TIMEOUT):
         self.home = Path(home)
         self.path = self.home / "sessions.sqlite3"
         self._connect = connect
         self._schema_ready = False
+        self.open_busy_timeout = open_busy_timeout
 
     def check_writable(self) -> None:
         try:
-            self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+            ensure_private_dir(self.home)
         except OSError as e:
-            raise StoreUnavailable(f"cannot create {self.home}: {e.strerror}") from None
+            raise StoreUnavailable(f"cannot create {self.home}: {e.strerror}", e) from None
+        if not os.path.isdir(self.home):
+            raise StoreUnavailable(f"{self.home} is not a directory; use another --home")
         if not os.access(self.home, os.W_OK | os.X_OK):
             raise StoreUnavailable(f"{self.home} is not writable; fix its permissions or use --home")
-        if self.path.exists() and not os.access(self.path, os.W_OK):
+        if self._present() and not os.access(self.path, os.W_OK):
             raise StoreUnavailable(f"{self.path} is not writable; fix its permissions or use --home")
+
+    def _present(self) -> bool:
+        """Whether the database file exists; refuses (never opens) anything that is not a regular file."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise StoreUnavailable(f"cannot look at {self.path}: {e.strerror}", e) from None
+        if not stat.S_ISREG(st.st_mode):
+            kind = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFLNK: "a symbolic link"}
+            raise NotASessionFile(str(self.path), kind.get(stat.S_IFMT(st.st_mode), "not a regular file"))
+        return True
 
     def _open_for_writing(self) -> sqlite3.Connection:
         self.check_writable()
-        if not self.path.exists():
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
-        conn = self._connect(str(self.path))
+        if not self._present():
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                try:
+                    os.fchmod(fd, 0o600)  # whatever the umask; SQLite gives -wal and -shm the same mode
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise StoreUnavailable(f"cannot create {self.path}: {e.strerror}; free some space or use --home", e) from None
         try:
+            conn = self._connect(str(self.path))
+        except sqlite3.Error as e:
+            raise translate(e, self.path, "open", self.open_busy_timeout) from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(self.open_busy_timeout * 1000)}")
+            self._check_schema(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             if not self._schema_ready:
                 conn.executescript(SCHEMA)
                 self._schema_ready = True
+        except sqlite3.Error as e:
+            conn.close()
+            raise translate(e, self.path, "open", self.open_busy_timeout) from None
         except BaseException:
             conn.close()
             raise
         return conn
 
+    def _check_schema(self, conn: sqlite3.Connection) -> bool:
+        """True when the database holds Cairn's tables, False when it holds none; a foreign database is refused
+        (Cairn must not add its tables to another program's file)."""
+        tables = {
+            name: {col[1] for col in conn.execute(f"PRAGMA table_info({_quote(name)})")}
+            for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if not tables:
+            return False
+        if all(name in tables and columns <= tables[name] for name, columns in _CAIRN_TABLES.items()):
+            return True
+        names = ", ".join(sorted(tables)[:5])
+        raise CorruptDatabase(str(self.path), f"not a Cairn session database (it holds the tables {names})")
+
     def _read_conn(self) -> sqlite3.Connection | None:
-        if not self.path.exists():
+        """A read-only connection on Cairn's database; None when there is no database (or it holds no tables)."""
+        if not self._present():
             return None
-        return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.open_busy_timeout)
+        except sqlite3.Error as e:
+            raise translate(e, self.path, "read", self.open_busy_timeout) from None
+        try:
+            if not self._check_schema(conn):
+                conn.close()
+                return None
+        except sqlite3.Error as e:
+            conn.close()
+            raise translate(e, self.path, "read", self.open_busy_timeout) from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def create(self, header: SessionHeader) -> Writer:
         conn = self._open_for_writing()
@@ -137,8 +265,12 @@ class SqliteBackend(Backend):
                 conn.execute("ROLLBACK")
                 raise SessionExists(header.id) from None
             conn.execute("COMMIT")
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
+        except sqlite3.Error as e:
+            _close_quietly(conn)
+            raise translate(e, self.path, "create a session in", self.open_busy_timeout) from None
         except BaseException:
-            conn.close()
+            _close_quietly(conn)
             raise
         return SqliteWriter(conn, header.id, token)
 
@@ -152,8 +284,12 @@ class SqliteBackend(Backend):
             if cur.rowcount == 0:
                 raise SessionNotFound(session_id)
             log = self._load_with(conn, session_id)
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
+        except sqlite3.Error as e:
+            _close_quietly(conn)
+            raise translate(e, self.path, "open a session in", self.open_busy_timeout) from None
         except BaseException:
-            conn.close()
+            _close_quietly(conn)
             raise
         return SqliteWriter(conn, session_id, token), log
 
@@ -163,27 +299,32 @@ class SqliteBackend(Backend):
             raise SessionNotFound(session_id)
         try:
             return self._load_with(conn, session_id)
+        except sqlite3.Error as e:
+            raise translate(e, self.path, "read", self.open_busy_timeout) from None
         finally:
             conn.close()
 
     def _load_with(self, conn: sqlite3.Connection, session_id: str) -> LoadedLog:
         location = f"{self.path}[{session_id}]"
-        try:
-            row = conn.execute(
-                "SELECT format, version, created, cwd FROM sessions WHERE id = ?", (session_id,)
-            ).fetchone()
-        except sqlite3.DatabaseError as e:
-            raise CorruptLog(str(self.path), 0, f"cannot read the database: {e}") from None
+        row = conn.execute("SELECT format, version, created, cwd FROM sessions WHERE id = ?", (session_id,)).fetchone()
         if row is None:
             raise SessionNotFound(session_id)
         fmt, version, created, cwd = row
         if fmt != FORMAT or version != FORMAT_VERSION:
             raise UnsupportedFormat(location, version if fmt == FORMAT else fmt, FORMAT_VERSION)
+        if not isinstance(created, int) or not isinstance(cwd, str):
+            raise CorruptDatabase(location, f"the session row holds a bad created/cwd ({created!r:.30}, {cwd!r:.30})")
         header = SessionHeader(id=session_id, created=created, cwd=cwd)
         bodies = conn.execute("SELECT body FROM events WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
-        body = b"\n".join([b for (b,) in bodies] + [b""]) if bodies else b""  # trailing newline without a copy
+        if any(not isinstance(b, (bytes, str)) for (b,) in bodies):
+            raise CorruptDatabase(location, "an event row holds no JSON body")
+        raw = [b.encode("utf-8", "surrogatepass") if isinstance(b, str) else b for (b,) in bodies]
+        body = b"\n".join(raw + [b""]) if raw else b""  # trailing newline without a copy
         # line numbers in errors count events from 1 (there is no header line in a table)
-        events, _ = decode_events(body, location, first_line=1, tail_may_be_torn=False)
+        try:
+            events, _ = decode_events(body, location, first_line=1, tail_may_be_torn=False)
+        except RecursionError:
+            raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
         return LoadedLog(header, events, location)
 
     def exists(self, session_id: str) -> bool:
@@ -192,18 +333,33 @@ class SqliteBackend(Backend):
             return False
         try:
             return conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is not None
-        except sqlite3.OperationalError:
-            return False
+        except sqlite3.Error as e:
+            raise translate(e, self.path, "read", self.open_busy_timeout) from None
         finally:
             conn.close()
 
     def list_ids(self) -> list[str]:
+        """Every session id. A database that cannot be read raises: a failing disk must not look like no sessions."""
         conn = self._read_conn()
         if conn is None:
             return []
         try:
-            return [r[0] for r in conn.execute("SELECT id FROM sessions ORDER BY id")]
-        except sqlite3.OperationalError:
-            return []
+            from .store import valid_session_id
+
+            rows = conn.execute("SELECT id FROM sessions ORDER BY id").fetchall()
+            return [r[0] for r in rows if isinstance(r[0], str) and valid_session_id(r[0])]
+        except sqlite3.Error as e:
+            raise translate(e, self.path, "list the sessions in", self.open_busy_timeout) from None
         finally:
             conn.close()
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error:
+        pass

@@ -10,13 +10,21 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .backend import Backend, EncodedEvent, Writer
-from .errors import InvalidSessionId, PersistenceError, SessionNotFound
-from .events import AnyEvent, SessionHeader, TurnEnd, TurnStart, UserMessage, encode_event
+from .errors import (
+    CorruptLog,
+    InvalidSessionId,
+    PersistenceError,
+    SessionNotFound,
+    SessionUnreadable,
+    StoreUnavailable,
+)
+from .events import AnyEvent, SessionHeader, TurnEnd, TurnStart, UserMessage, encode_event, usage_totals
 from .jsonl import JsonlBackend
 from .locks import SessionLock, lock_holder
 from .repair import repair_interrupted_turn
@@ -26,9 +34,13 @@ _ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 
 
 def check_session_id(session_id: str) -> str:
-    if not _ID.fullmatch(session_id):
+    if not valid_session_id(session_id):
         raise InvalidSessionId(session_id)
     return session_id
+
+
+def valid_session_id(session_id: str) -> bool:
+    return bool(_ID.fullmatch(session_id))
 
 
 def new_session_id() -> str:
@@ -74,8 +86,10 @@ class SessionSummary:
     created: int
     updated: int
     events: int
-    status: str  # completed | interrupted | live
+    status: str  # completed | cancelled | error | interrupted | live | unreadable
     first_prompt: str
+    reason: str | None = None  # why an `unreadable` session cannot be read (None for every other status)
+    usage: dict[str, int | None] | None = None  # input/output tokens summed over its answers (null: never reported)
 
 
 class SessionStore:
@@ -85,7 +99,7 @@ class SessionStore:
         self.lock_dir = self.home / "locks"
 
     def _lock(self, session_id: str) -> SessionLock:
-        lock = SessionLock(self.lock_dir, session_id)
+        lock = SessionLock(self.lock_dir, session_id, getattr(self.backend, "ops", None))
         lock.acquire()
         return lock
 
@@ -113,6 +127,11 @@ class SessionStore:
                 repaired = repair_interrupted_turn(log.events)
                 if repaired:
                     writer.append([(e.seq, encode_event(e)) for e in repaired], durable=True)
+            except (OSError, sqlite3.Error) as e:
+                writer.close()
+                raise StoreUnavailable(
+                    f"cannot commit the repair of session {session_id!r}: {e}; nothing was changed, try again", e
+                ) from None
             except BaseException:
                 writer.close()
                 raise
@@ -124,30 +143,61 @@ class SessionStore:
     def inspect(self, session_id: str) -> Inspection:
         check_session_id(session_id)
         log = self.backend.load(session_id)
-        holder = lock_holder(self.lock_dir, session_id)
+        holder = self._holder(session_id, log)
         repair = [] if holder is not None else repair_interrupted_turn(log.events)
         return Inspection(log.header, log.events, repair, holder, log.torn_bytes)
+
+    def _holder(self, session_id: str, log) -> int | None:
+        """The live writer's pid (0: unknown) from the lock file or, when that was deleted or replaced, from what the
+        backend itself knows (the JSONL writer's flock on the session file)."""
+        holder = lock_holder(self.lock_dir, session_id)
+        if holder is None:
+            holder = log.extra.get("live_pid")
+        return holder
 
     def exists(self, session_id: str) -> bool:
         return self.backend.exists(check_session_id(session_id))
 
     def list_sessions(self) -> list[SessionSummary]:
-        """Every readable session, newest activity first. Unreadable ones are skipped, never fatal for a listing."""
+        """Every session, newest activity first. One that cannot be read is listed as `unreadable` with the reason;
+        it never hides the others. A store that cannot be listed at all raises (it must not look empty)."""
         out = []
         for session_id in self.backend.list_ids():
             try:
                 log = self.backend.load(session_id)
-            except PersistenceError:
+            except (PersistenceError, RecursionError) as e:
+                if isinstance(e, StoreUnavailable) and not isinstance(e, SessionUnreadable):
+                    raise
+                out.append(self._unreadable(session_id, e))
                 continue
-            out.append(summarize(log.header, log.events, lock_holder(self.lock_dir, session_id) is not None))
+            out.append(summarize(log.header, log.events, self._holder(session_id, log) is not None))
         out.sort(key=lambda s: (s.updated, s.id), reverse=True)
         return out
 
+    def _unreadable(self, session_id: str, error: BaseException) -> SessionSummary:
+        modified = getattr(self.backend, "modified_ms", lambda _id: 0)(session_id)
+        return SessionSummary(
+            id=session_id, cwd="", created=0, updated=modified, events=0, status="unreadable", first_prompt="",
+            reason=unreadable_reason(error),
+        )
+
     def latest_in(self, cwd: str) -> str | None:
         for summary in self.list_sessions():
+            if summary.status == "unreadable":  # its cwd is unknown ("" would resolve to the current directory)
+                continue
             if os.path.realpath(summary.cwd) == os.path.realpath(cwd):
                 return summary.id
         return None
+
+
+def unreadable_reason(error: BaseException) -> str:
+    """A short reason for a listing: the error without the path every listed row already implies."""
+    if isinstance(error, RecursionError):
+        return "JSON nested too deeply"
+    if isinstance(error, CorruptLog):
+        where = f"line {error.line}: " if error.line else ""
+        return f"{where}{error.reason}"
+    return getattr(error, "reason", None) or str(error)
 
 
 def summarize(header: SessionHeader, events: list[AnyEvent], live: bool) -> SessionSummary:
@@ -159,14 +209,16 @@ def summarize(header: SessionHeader, events: list[AnyEvent], live: bool) -> Sess
         events=len(events),
         status="live" if live else ending_status(events),
         first_prompt=next((e.text for e in events if isinstance(e, UserMessage)), ""),
+        usage=usage_totals(events),
     )
 
 
 def ending_status(events: list[AnyEvent]) -> str:
-    """`interrupted` when the log ends inside a turn or its last turn was closed by repair; else `completed`."""
+    """The last turn's reason (`completed`, `cancelled`, `error`, `interrupted`); `interrupted` when the log ends
+    inside a turn; `completed` for a session with no turn yet."""
     for e in reversed(events):
         if isinstance(e, TurnEnd):
-            return "interrupted" if e.reason == "interrupted" else "completed"
+            return e.reason
         if isinstance(e, TurnStart):
             return "interrupted"
     return "completed"

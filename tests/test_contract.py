@@ -607,7 +607,11 @@ async def test_unknown_event_type_is_corruption_unless_ignorable(tmp_path, backe
         assert "unknown event type 'future/thing'" in str(info.value)
         assert f":{event_line(store, 8)}:" in str(info.value)
     assert stored_bodies(store, "future") == before  # the log was left untouched
-    assert "future" not in [s.id for s in store.list_sessions()]  # unreadable: skipped by the listing
+    # SPEC rev 2 §5: listed as unreadable with the reason (rev 1 skipped it), never hiding it
+    (listed,) = [s for s in store.list_sessions() if s.id == "future"]
+    assert listed.status == "unreadable"
+    assert listed.reason == f"line {event_line(store, 8)}: unknown event type 'future/thing' not marked ignorable " \
+                            "(written by a newer Cairn?)"
 
 
 async def test_ignorable_unknown_event_is_kept_and_seq_stays_contiguous(tmp_path, backend_name):

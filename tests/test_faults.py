@@ -29,7 +29,7 @@ from cairn.persistence.events import (
 )
 from cairn.persistence.jsonl import FileOps, JsonlBackend
 from cairn.persistence.session import LiveSession
-from cairn.persistence.sqlite import SqliteBackend
+from cairn.persistence.sqlite import BUSY_TIMEOUT, SqliteBackend
 from cairn.persistence.store import SessionStore
 
 pytestmark = pytest.mark.anyio
@@ -56,6 +56,11 @@ class FaultyOps(FileOps):
             self.fired += 1
             raise OSError(code, f"injected {errno.errorcode[code]} at {op}")
 
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        if path.endswith(".lock"):
+            self._maybe_fail("open-lock")
+        return super().open(path, flags, mode)
+
     def write(self, fd: int, data: bytes | memoryview) -> int:
         cut = bytes(data).find(b"\n") + 2
         if self.armed and self.armed[0] == "write" and self.armed[2] and 1 < cut < len(data):
@@ -75,8 +80,11 @@ class FaultyCommit:
         self.fired = 0
         self.inline_safe = True
 
-    def arm(self) -> None:
-        self.armed = True
+        self.sql = "COMMIT"
+        self.message = "disk I/O error"
+
+    def arm(self, sql: str = "COMMIT", message: str = "disk I/O error") -> None:
+        self.armed, self.sql, self.message = True, sql, message
 
     def connect(self, path: str) -> sqlite3.Connection:
         fault = self
@@ -85,14 +93,14 @@ class FaultyCommit:
             inline_safe = fault.inline_safe
 
             def execute(self, sql, *args):
-                if sql == "COMMIT" and fault.armed:
+                if sql == fault.sql and fault.armed:
                     fault.armed = False
                     fault.fired += 1
-                    raise sqlite3.OperationalError("disk I/O error")
+                    raise sqlite3.OperationalError(fault.message)
                 return super().execute(sql, *args)
 
         # the same arguments as persistence.sqlite.default_connect
-        return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0,
+        return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT,
                                factory=FaultyConnection)
 
 
@@ -230,10 +238,11 @@ async def test_failed_create_leaves_no_session_and_no_lock(tmp_path, fault):
     rig = Rig(tmp_path, fault)
     rig.arm()
 
-    with pytest.raises((OSError, sqlite3.OperationalError)):
+    with pytest.raises(StoreUnavailable) as info:  # one readable line for the CLI (exit 2), the cause kept
         rig.store.create("/w", "s")
 
     assert rig.fired == 1
+    rig.check_cause(info.value.cause)
     assert not rig.store.exists("s")
     async with LiveSession(rig.store.create("/w", "s")) as live:  # neither a half session nor a lock in the way
         live.append(TurnStart(turn=1))
@@ -260,10 +269,12 @@ async def test_failed_repair_commit_can_be_retried(tmp_path, fault):
     assert len(expected_repair) == 3  # tool/result OUTCOME_UNKNOWN, step/end, turn/end
     rig.arm()
 
-    with pytest.raises((OSError, sqlite3.OperationalError)):
+    with pytest.raises(StoreUnavailable) as info:
         rig.store.open_for_resume("s")
 
     assert rig.fired == 1
+    rig.check_cause(info.value.cause)
+    assert "\n" not in str(info.value)
     opened = rig.store.open_for_resume("s")
     opened.writer.close()
     opened.lock.release()
@@ -287,3 +298,41 @@ async def test_unwritable_store_is_refused_up_front(tmp_path, backend_name):
         with pytest.raises(StoreUnavailable):
             attempt()
     assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+async def test_failure_creating_the_lock_file_is_store_unavailable(tmp_path, code):
+    """The lock file is created through the backend's FileOps seam: a full or failing disk there is one line (exit 2),
+    and leaves neither a session nor a lock behind."""
+    rig = Rig(tmp_path, "jsonl-write-ENOSPC")
+    rig.ops.arm("open-lock", code)
+
+    with pytest.raises(StoreUnavailable) as info:
+        rig.store.create("/w", "s")
+
+    assert rig.fired == 1 and info.value.cause.errno == code
+    assert "s.lock" in str(info.value) and "\n" not in str(info.value)
+    assert not rig.store.exists("s")
+    release_all = rig.store.create("/w", "s")
+    release_all.writer.close()
+    release_all.lock.release()
+
+
+@pytest.mark.parametrize("message", ["database or disk is full", "disk I/O error"])
+@pytest.mark.parametrize("opening", ["create", "resume"])
+async def test_failure_at_the_wal_pragma_is_store_unavailable(tmp_path, message, opening):
+    rig = Rig(tmp_path, "sqlite-commit")
+    if opening == "resume":
+        opened = rig.store.create("/w", "s")
+        opened.writer.close()
+        opened.lock.release()
+    rig.commit.arm("PRAGMA journal_mode=WAL", message)
+
+    with pytest.raises(StoreUnavailable) as info:
+        rig.store.create("/w", "s") if opening == "create" else rig.store.open_for_resume("s")
+
+    assert rig.commit.fired == 1 and message in str(info.value)
+    assert isinstance(info.value.cause, sqlite3.OperationalError)
+    opened = rig.store.open_for_resume("s") if opening == "resume" else rig.store.create("/w", "s")  # lock released
+    opened.writer.close()
+    opened.lock.release()

@@ -349,7 +349,7 @@ def test_the_api_key_reaches_no_byte_under_cairn_home(tmp_path, backend_name):
                        "arguments": {"command": 'env; echo "key=$CAIRN_API_KEY $OPENAI_API_KEY"'}}]),
           text("Seen it.")], 0, "Seen it."),
         ([error(401, "invalid api key", echo_auth=True)], 1, "401"),
-        ([error(500, "upstream failed", echo_auth=True)], 1, "500"),
+        ([error(404, "no such model", echo_auth=True)], 1, "404"),  # not retried (a 5xx would be, SPEC §7)
         ([error(400, body_text=f"bad request; you sent {echoed}")], 1, "400"),
         ([raw([f'data: {{"error": {{"message": "token revoked ({echoed})"}}}}', ""])], 1, "token revoked"),
         ([malformed(lines=[f"data: {{not json {echoed}", ""])], 1, "not JSON"),
@@ -485,7 +485,10 @@ def test_a_corrupt_event_in_the_middle_exits_4_naming_path_and_line_and_leaves_t
 
     assert rig.raw_log("bad") == damaged, "nothing was repaired, truncated or appended"
     listing = rig.run("sessions", "--json")
-    assert listing.returncode == 0 and [json.loads(x)["id"] for x in listing.stdout.splitlines()] == ["healthy"]
+    rows = {row["id"]: row for row in map(json.loads, listing.stdout.splitlines())}
+    assert listing.returncode == 0 and set(rows) == {"healthy", "bad"}
+    assert rows["healthy"]["status"] == "completed"
+    assert rows["bad"]["status"] == "unreadable" and rows["bad"]["reason"], "listed with the reason, not hidden"
     assert rig.run("show", "healthy").returncode == 0
 
 
@@ -527,7 +530,7 @@ def test_invalid_tool_argument_json_from_the_model_becomes_a_bad_arguments_resul
     assert call["arguments"] == raw_args, "kept exactly as the model sent it"
     assert (result["error_code"], result["is_error"], result["source_seq"]) == ("BAD_ARGUMENTS", True, call["seq"])
     assert "not valid JSON" in result["content"]
-    assert messages[-2]["tool_calls"][0]["function"]["arguments"] == raw_args
+    assert messages[-2]["tool_calls"][0]["function"]["arguments"] == "{}", "invalid JSON is never sent back (SPEC §7)"
     assert messages[-1] == {"role": "tool", "tool_call_id": "call_bad", "content": result["content"]}
     assert events[-1]["reason"] == "completed"
 
