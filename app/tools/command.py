@@ -5,27 +5,44 @@ Why it is built this way:
 - Cairn's API key is not passed on (`CAIRN_API_KEY`, `OPENAI_API_KEY`, and any other variable holding the same
   value): whatever a command prints is recorded in the session log, and nothing secret may ever be written there
   (SPEC §5). A command that needs a key must be given one another way.
-- The shell gets its own session/process group (`start_new_session`), so a timeout or a cancelled turn can SIGKILL the
-  whole tree it started — `sleep 30 & sleep 30` included — rather than only the shell.
-- Output is read incrementally and only the first OUTPUT_LIMIT bytes are kept; the rest is counted, not stored, so a
-  command that prints 50 MB costs a pipe buffer, not 50 MB. The model sees a notice with the omitted byte count.
+- The shell gets its own session and process group (`start_new_session`), so a timeout or a cancelled turn can stop the
+  whole tree it started — `sleep 30 & sleep 30` included — rather than only the shell. Stopping is SIGTERM to the group,
+  then SIGKILL to the group after KILL_GRACE seconds at most, so a command that ignores SIGTERM cannot hang a cancel.
+  Having no controlling terminal also makes a program that opens /dev/tty to prompt fail at once instead of stopping.
+- It dies with Cairn (SPEC §8), two ways. (1) The shell is started with the parent-death signal set to SIGKILL (`prctl`
+  in the child before exec; it survives exec, so a lone command that dash execs carries it too). The kernel tracks the
+  *thread* that forked: we spawn from the event loop's thread, which lives as long as Cairn. (2) Processes the shell
+  forks do not inherit that setting, so the shell first starts a tiny guardian in its own process group (`_GUARDED`):
+  it blocks reading a pipe whose only writer is Cairn. When the command finishes, Cairn writes a line and the guardian
+  leaves quietly (background processes are then left running, as before); when Cairn dies in any way, the kernel closes
+  the pipe, the guardian reads end-of-file and SIGKILLs the whole group. The guardian is double-forked, so the command's
+  own bare `wait` never waits for it, and the command itself runs in a fresh `sh -c` exec'd in place (same pid, same
+  semantics as before). A process that leaves the group on purpose (setsid) is beyond both.
+- Right after spawn, `ctx.progress(pid, started_ms)` records the process (the loop appends `tool/progress`), so the
+  resume screen can say whether a command from a crashed session is still running.
+- Output is fed to us by the event loop (asyncio's subprocess protocol) and only the first OUTPUT_LIMIT bytes are kept;
+  the rest is counted, not stored, so a command that prints 50 MB costs a pipe buffer, not 50 MB.
 - A non-zero exit is a normal result ("[exit code N]"): the model needs the output and the code, not an error. Failing to
   start, and running out of time, are ToolFailures.
 - When the shell exits but background processes it started still hold the output pipe open, we wait briefly for them,
-  then stop reading and return (noting it) instead of hanging until they finish. Those processes are left running;
-  processes that redirect their output elsewhere are not affected at all.
+  then close our end and return (noting it) instead of hanging until they finish. Those processes are left running (a
+  later write to the closed pipe gets SIGPIPE); processes that redirect their output elsewhere are not affected at all.
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
+import ctypes
 import os
 import signal
 import subprocess
-from typing import Any
+import sys
+import time
+from typing import Any, Callable
 
 import anyio
-from anyio.abc import Process
 
 from .base import OUTPUT_LIMIT, Tool, ToolContext, ToolFailure
 from .workspace import optional_number, require_str
@@ -34,7 +51,54 @@ SECRET_ENV = ("CAIRN_API_KEY", "OPENAI_API_KEY")
 DEFAULT_TIMEOUT = 120.0
 MAX_TIMEOUT = 600.0
 EXIT_GRACE = 1.0  # seconds to wait for end-of-output after the shell itself has exited
+KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL when a command is stopped (timeout or cancel)
 REAP_TIMEOUT = 5.0  # how long to wait for a SIGKILLed shell to be reaped before giving up on it
+_PR_SET_PDEATHSIG = 1
+
+# Run as `sh -c _GUARDED sh <command>` with stdin = the read end of Cairn's guard pipe (see the module docstring). The
+# guardian keeps the pipe as fd 3 and writes nothing anywhere; the command gets /dev/null as stdin and no fd 3.
+_GUARDED = (
+    "exec 3<&0 </dev/null; "
+    "( (read -r cairn_done <&3 || kill -9 0) & ) >/dev/null 2>&1; "
+    "exec 3<&-; "
+    'exec /bin/sh -c "$1"'
+)
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once in the parent: the child must only call it (see `_die_with_parent`)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGKILL when Cairn dies (Linux), or None where that is unavailable.
+
+    It runs in the forked child before exec, so it does only what is safe there: one pre-resolved C call and a getppid.
+    If Cairn died between fork and prctl the signal would never come, so the child checks and kills itself.
+    """
+    prctl = _PRCTL
+    if prctl is None:
+        return None
+    parent = os.getpid()
+    sigkill = int(signal.SIGKILL)
+
+    def set_parent_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sigkill)
+
+    return set_parent_death_signal
 
 
 class _Capture:
@@ -59,31 +123,78 @@ class _Capture:
         return decoded
 
 
-def _kill_group(pgid: int) -> None:
+class _Command(asyncio.SubprocessProtocol):
+    """What the event loop tells us about the shell: output as it arrives, end of output, exit."""
+
+    def __init__(self, capture: _Capture) -> None:
+        self.capture = capture
+        self.output_ended = anyio.Event()
+        self.exited = anyio.Event()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.capture.feed(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.output_ended.set()
+
+    def process_exited(self) -> None:
+        self.exited.set()
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the process group; False if no process is left in it."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # already gone
-        pass
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # only a process that is not ours could be left: nothing we can do
+        return False
+    return True
 
 
-async def _pump(process: Process, capture: _Capture) -> bool:
-    """Read output until the shell has exited and the output has ended. Returns True if we stopped reading because
-    background processes still held the output open `EXIT_GRACE` seconds after the shell exited."""
-    assert process.stdout is not None
-    eof = anyio.Event()
+def _group_running(pgid: int) -> bool:
+    """Whether a live (not zombie) process is left in the group. Zombies count for killpg, and an orphan's zombie waits
+    for whatever reaps orphans here (seconds, in some containers), so on Linux /proc is asked instead."""
+    if not _signal_group(pgid, 0):
+        return False
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":  # fields: state, ppid, pgrp, …
+            return True
+    return False
 
-    async def read() -> None:
-        async for chunk in process.stdout:
-            capture.feed(chunk)
-        eof.set()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(read)
-        await process.wait()
-        with anyio.move_on_after(EXIT_GRACE):
-            await eof.wait()
-        tg.cancel_scope.cancel()
-    return not eof.is_set()
+async def _stop_group(pgid: int, command: _Command) -> None:
+    """SIGTERM the whole group, give it KILL_GRACE seconds to go, then SIGKILL whatever is left. Bounded in time, and
+    shielded so that a cancelled call still leaves nothing running."""
+    with anyio.CancelScope(shield=True):
+        if _signal_group(pgid, signal.SIGTERM):
+            with anyio.move_on_after(KILL_GRACE):
+                await command.exited.wait()
+                while _group_running(pgid):
+                    await anyio.sleep(0.05)
+        _signal_group(pgid, signal.SIGKILL)
+        with anyio.move_on_after(REAP_TIMEOUT):
+            await command.exited.wait()
+
+
+async def _pump(command: _Command) -> bool:
+    """Wait until the shell has exited and its output has ended. Returns True if we stopped waiting because background
+    processes still held the output open `EXIT_GRACE` seconds after the shell exited."""
+    await command.exited.wait()
+    with anyio.move_on_after(EXIT_GRACE):
+        await command.output_ended.wait()
+    return not command.output_ended.is_set()
 
 
 def _status_line(returncode: int) -> str:
@@ -109,43 +220,64 @@ def command_environment() -> dict[str, str]:
 
 
 async def run_command(args: dict[str, Any], ctx: ToolContext) -> str:
-    command = require_str(args, "command")
+    command_line = require_str(args, "command")
     timeout = optional_number(args, "timeout", DEFAULT_TIMEOUT, minimum=1, maximum=MAX_TIMEOUT)
     env = command_environment()
     env["CAIRN_CALL_ID"] = ctx.call_id
-    try:
-        process = await anyio.open_process(
-            ["/bin/sh", "-c", command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=ctx.workspace,
-            env=env,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise ToolFailure(f"could not start the command: {exc}") from exc
-
     capture = _Capture()
+    loop = asyncio.get_running_loop()
+    guard_read, guard_write = os.pipe()  # both ends close-on-exec; Popen gives the shell the read end as its stdin
+    started_ms = int(time.time() * 1000)
+    # Shielded: the process exists before subprocess_exec returns, so a cancel arriving inside it would leave a command
+    # that was never reported (no tool/progress) and whose group nobody stops. Spawning is brief; the cancel lands on
+    # the first wait after it, which stops the whole group.
+    try:
+        with anyio.CancelScope(shield=True):
+            transport, command = await loop.subprocess_exec(
+                lambda: _Command(capture),
+                "/bin/sh",
+                "-c",
+                _GUARDED,
+                "sh",
+                command_line,
+                stdin=guard_read,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=ctx.workspace,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        os.close(guard_write)
+        raise ToolFailure(f"could not start the command: {exc}") from exc
+    finally:
+        os.close(guard_read)
+
+    pid = transport.get_pid()  # also the process group id (start_new_session)
     done = False
     try:
+        ctx.progress(pid, started_ms)
         with anyio.move_on_after(timeout) as deadline:
-            lingering = await _pump(process, capture)
-        if deadline.cancelled_caught:
-            _kill_group(process.pid)
-            raise ToolFailure(
-                f"command timed out after {timeout:g} s; it and the processes it started were killed. "
-                f"Output so far:\n{capture.text() or '(none)'}"
-            )
-        done = True
+            lingering = await _pump(command)
+        done = not deadline.cancelled_caught
+        if done:
+            with contextlib.suppress(OSError):  # the guardian may be gone already (the command killed its group)
+                os.write(guard_write, b"\n")  # one byte into an empty pipe: never blocks
     finally:
-        if not done:  # timed out, cancelled, or failed while reading: leave nothing running
-            _kill_group(process.pid)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(REAP_TIMEOUT):
-            await process.aclose()
+        if not done:  # timed out, cancelled, or failed while waiting: leave nothing running
+            await _stop_group(pid, command)
+        os.close(guard_write)
+        transport.close()
+    if not done:
+        raise ToolFailure(
+            f"command timed out after {timeout:g} s; it and the processes it started were stopped. "
+            f"Output so far:\n{capture.text() or '(none)'}"
+        )
 
-    assert process.returncode is not None
-    result = _join(capture.text(), _status_line(process.returncode))
+    returncode = transport.get_returncode()
+    assert returncode is not None
+    result = _join(capture.text(), _status_line(returncode))
     if lingering:
         result += (
             "\n[the shell exited but background processes still held its output open; stopped reading after "

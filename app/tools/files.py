@@ -1,34 +1,48 @@
 """File tools: list_dir, read_file, search_text (read-only), write_file (idempotent) and edit_file (side-effecting).
 
-All paths go through `resolve_in_workspace`, so nothing outside the workspace is read or written (SPEC §8). The bodies are
-plain blocking code run in a worker thread, so a large read or search never stalls the event loop (and with it the UI and
-the write-behind flusher). Writes are atomic (temp file in the same directory, fsync, os.replace): a crash leaves either
-the old file or the new one, never half of each — the property that lets repair call write_file safely retryable.
+SPEC §8, and why each part is built as it is:
+- Every path goes through `workspace.locate`, which walks it from the workspace root without following a symlink by
+  name, and every file is then opened relative to the directory descriptor it returns with `O_NOFOLLOW`. So nothing
+  outside the workspace is read or written, even when a directory is swapped for a symlink mid-call.
+- Only regular files are read or written. A FIFO, socket or device is refused at once from its lstat, and what is
+  opened is opened `O_NONBLOCK` and fstat'd before a byte is read, so no tool ever waits on a pipe (a thread stuck on
+  one could not be cancelled and would keep the process from exiting).
+- File names are shown with U+FFFD where they are not UTF-8 (`printable`), never passed on as lone surrogates.
+- search_text uses the `regex` package with one time budget for the whole search (SEARCH_TIME_BUDGET), releasing the GIL
+  while it matches, so a catastrophic pattern ends as TOOL_ERROR in seconds and never stalls the event loop.
+- The bodies are plain blocking code run in a worker thread, so a large read or search never stalls the event loop (and
+  with it the UI and the write-behind flusher); every wait in them is bounded.
+- Writes are atomic (temp file in the same directory, fsync, rename, all relative to the directory descriptor): a crash
+  leaves either the old file or the new one, never half of each — the property that lets repair retry write_file.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import fnmatch
 import os
-import re
 import secrets
 import stat
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import anyio.to_thread
+import regex
 
 from .base import OUTPUT_LIMIT, BadArguments, Tool, ToolContext, ToolFailure, truncate_output
 from .workspace import (
-    display_path,
+    DIR_FLAGS,
+    Located,
+    MissingPath,
+    locate,
     optional_bool,
     optional_int,
     optional_str,
+    printable,
     require_str,
-    resolve_in_workspace,
-    workspace_root,
 )
 
 BINARY_SNIFF_BYTES = 8192  # a NUL byte in the first 8 KiB marks a file as binary (the heuristic git and grep use)
@@ -36,8 +50,10 @@ MAX_DIR_ENTRIES = 1000
 MAX_MATCHES = 200
 MAX_MATCH_LINE_CHARS = 300
 MAX_SEARCH_FILE_BYTES = 10 * 1024 * 1024  # larger files are skipped by search_text (and counted in its summary)
+SEARCH_TIME_BUDGET = 5.0  # seconds of the whole search_text call, regex matching included
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
                        ".pytest_cache", ".ruff_cache", ".tox"})
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 async def _in_thread(func: Callable[..., str], *args: Any, abandon_on_cancel: bool = False) -> str:
@@ -49,7 +65,7 @@ async def _in_thread(func: Callable[..., str], *args: Any, abandon_on_cancel: bo
     try:
         return await anyio.to_thread.run_sync(func, *args, abandon_on_cancel=abandon_on_cancel)
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
+        where = f" ({printable(os.fsdecode(exc.filename))})" if isinstance(exc.filename, (str, bytes)) else ""
         raise ToolFailure(f"{exc.strerror or exc}{where}") from exc
 
 
@@ -57,29 +73,94 @@ def _is_binary(head: bytes) -> bool:
     return b"\x00" in head
 
 
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a regular file"
+
+
+def _refuse_irregular(shown: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise ToolFailure(f"{shown} is {_kind(mode)}; only regular files are read or written")
+
+
+def _open_regular(found: Located) -> tuple[int, os.stat_result]:
+    """Open the located regular file for reading: refused from its lstat before opening if it is anything else, and
+    checked again on the open descriptor (it may have been swapped in between). Returns (fd, fstat)."""
+    assert found.name is not None and found.st is not None
+    _refuse_irregular(found.shown, found.st.st_mode)
+    try:
+        fd = os.open(found.name, FILE_FLAGS, dir_fd=found.dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ToolFailure(f"{found.shown} was replaced by a symbolic link while it was opened; try again") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        _refuse_irregular(found.shown, st.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_regular(found: Located) -> bytes:
+    fd, _ = _open_regular(found)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 # --- list_dir ---------------------------------------------------------------------------------------------------------
+
+
+def _describe(entry: os.DirEntry[str]) -> tuple[bool, str]:
+    """(is a directory, the line shown for it). Symlinks are described by what they point at, and marked."""
+    name = printable(entry.name)
+    link = " (symlink)" if entry.is_symlink() else ""
+    try:
+        st = entry.stat()
+    except OSError:  # a broken symlink, or an entry removed while listing
+        return False, f"{name}  (unreadable{', broken symlink' if link else ''})"
+    if stat.S_ISDIR(st.st_mode):
+        return True, f"{name}/{link}"
+    if stat.S_ISREG(st.st_mode):
+        return False, f"{name}  {st.st_size} bytes{link}"
+    return False, f"{name}  ({_kind(st.st_mode)}){link}"
 
 
 def _list_dir(args: dict[str, Any], workspace: Path) -> str:
     path = optional_str(args, "path", ".")
-    target = resolve_in_workspace(workspace, path)
-    shown = display_path(workspace, target)
-    if not target.exists():
-        raise ToolFailure(f"no such directory: {shown}")
-    if not target.is_dir():
-        raise ToolFailure(f"{shown} is a file, not a directory (use read_file to read it)")
-    dirs: list[str] = []
-    files: list[str] = []
-    with os.scandir(target) as it:
-        for entry in it:
-            link = " (symlink)" if entry.is_symlink() else ""
+    try:
+        with locate(workspace, path) as found:
+            shown = found.shown
+            if found.name is not None and found.st is None:
+                raise ToolFailure(f"no such directory: {shown}")
+            if not found.is_dir:
+                raise ToolFailure(f"{shown} is a file, not a directory (use read_file to read it)")
             try:
-                if entry.is_dir():
-                    dirs.append(f"{entry.name}/{link}")
-                else:
-                    files.append(f"{entry.name}  {entry.stat().st_size} bytes{link}")
-            except OSError:  # a broken symlink, or an entry removed while listing
-                files.append(f"{entry.name}  (unreadable{', broken symlink' if link else ''})")
+                fd = os.open(found.name or ".", DIR_FLAGS, dir_fd=found.dir_fd)
+            except NotADirectoryError:
+                raise ToolFailure(f"{shown} stopped being a directory while it was opened; try again") from None
+    except MissingPath as missing:
+        raise ToolFailure(f"no such directory: {missing.shown}") from None
+    try:
+        dirs: list[str] = []
+        files: list[str] = []
+        with os.scandir(fd) as it:
+            for entry in it:
+                is_dir, line = _describe(entry)
+                (dirs if is_dir else files).append(line)
+    finally:
+        os.close(fd)
     entries = sorted(dirs) + sorted(files, key=lambda line: line.split("  ", 1)[0])
     if not entries:
         return f"{shown}: (empty directory)"
@@ -102,20 +183,24 @@ def _read_file(args: dict[str, Any], workspace: Path) -> str:
     offset = optional_int(args, "offset", 1, minimum=1)
     limit = optional_int(args, "limit", None, minimum=1)
     assert offset is not None
-    target = resolve_in_workspace(workspace, path)
-    shown = display_path(workspace, target)
-    if not target.exists():
-        raise ToolFailure(f"no such file: {shown}")
-    if target.is_dir():
-        raise ToolFailure(f"{shown} is a directory (use list_dir to list it)")
-    size = target.stat().st_size
+    try:
+        with locate(workspace, path) as found:
+            shown = found.shown
+            if found.is_dir:
+                raise ToolFailure(f"{shown} is a directory (use list_dir to list it)")
+            if found.st is None:
+                raise ToolFailure(f"no such file: {shown}")
+            fd, st = _open_regular(found)
+    except MissingPath as missing:
+        raise ToolFailure(f"no such file: {missing.shown}") from None
+    size = st.st_size
     decoder = codecs.getincrementaldecoder("utf-8")()
     pieces: list[str] = []
     chars = 0
     line = 0  # the number of the line the last piece read belongs to
     at_line_start = True
     stop: str | None = None  # why reading stopped early: "limit" or "size"
-    with open(target, "rb") as f:
+    with os.fdopen(fd, "rb") as f:
         if _is_binary(f.read(BINARY_SNIFF_BYTES)):
             raise ToolFailure(f"{shown} looks like a binary file ({size} bytes); it is not shown")
         f.seek(0)
@@ -167,30 +252,45 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
 # --- search_text ------------------------------------------------------------------------------------------------------
 
 
-def _compile(pattern: str, ignore_case: bool) -> tuple[re.Pattern[str], bool]:
+class _OverBudget(Exception):
+    pass
+
+
+def _compile(pattern: str, ignore_case: bool) -> tuple[regex.Pattern[str], bool]:
     """A regex if `pattern` is one, else the pattern as literal text. Returns (compiled, fell_back_to_literal)."""
-    flags = re.IGNORECASE if ignore_case else 0
+    flags = regex.IGNORECASE if ignore_case else 0
     try:
-        return re.compile(pattern, flags), False
-    except re.error:
-        return re.compile(re.escape(pattern), flags), True
+        return regex.compile(pattern, flags), False
+    except regex.error:
+        return regex.compile(regex.escape(pattern), flags), True
 
 
-def _search_files(start: Path, root: Path, glob: str | None):
-    """Yield the files to search below `start`, in a stable order, skipping tool/vendor directories and anything whose
-    real path leaves the workspace (a symlinked file pointing out)."""
-    if start.is_file():
-        yield start
+def _search_targets(found: Located, glob: str | None):
+    """Yield (shown path, fd) for each regular file to search, in a stable order.
+
+    The walk (`os.fwalk`, descriptor-relative) skips tool/vendor directories and never follows a symlink, to a directory
+    or a file, just as ripgrep does by default; a linked file inside the workspace is searched where it really lives.
+    Non-regular files are skipped from their lstat, before any open. Each fd is closed by the caller.
+    """
+    if not found.is_dir:
+        fd, _ = _open_regular(found)
+        yield found.shown, fd
         return
-    for dirpath, dirnames, filenames in os.walk(start):  # does not follow symlinked directories
+    top = found.name or "."
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(top, dir_fd=found.dir_fd):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        below = os.path.relpath(dirpath, top)
+        prefix = found.parts + (() if below == "." else tuple(below.split(os.sep)))
         for name in sorted(filenames):
             if glob and not fnmatch.fnmatch(name, glob):
                 continue
-            path = Path(dirpath) / name
-            real = Path(os.path.realpath(path))
-            if real.is_relative_to(root) and real.is_file():
-                yield path
+            try:
+                if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    continue
+                fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+            except OSError:  # gone, or swapped for a symlink since the lstat
+                continue
+            yield printable("/".join(prefix + (name,))), fd
 
 
 def _search_text(args: dict[str, Any], workspace: Path) -> str:
@@ -198,34 +298,49 @@ def _search_text(args: dict[str, Any], workspace: Path) -> str:
     path = optional_str(args, "path", ".")
     glob = optional_str(args, "glob", "") or None
     ignore_case = optional_bool(args, "ignore_case", False)
-    regex, literal = _compile(pattern, ignore_case)
-    root = workspace_root(workspace)
-    start = resolve_in_workspace(workspace, path)
-    if not start.exists():
-        raise ToolFailure(f"no such file or directory: {display_path(workspace, start)}")
+    compiled, literal = _compile(pattern, ignore_case)
+    budget = SEARCH_TIME_BUDGET
+    deadline = time.monotonic() + budget
     matches: list[str] = []
     more = 0
     skipped = 0
-    for file in _search_files(start, root, glob):
-        try:
-            if file.stat().st_size > MAX_SEARCH_FILE_BYTES:
-                skipped += 1
-                continue
-            data = file.read_bytes()
-        except OSError:
-            skipped += 1
-            continue
-        if _is_binary(data[:BINARY_SNIFF_BYTES]):
-            continue
-        rel = file.relative_to(root).as_posix() if file.is_relative_to(root) else display_path(workspace, file)
-        for number, text in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
-            if regex.search(text):
-                if len(matches) >= MAX_MATCHES:
-                    more += 1
+    try:
+        with locate(workspace, path) as found:
+            shown = found.shown
+            if found.name is not None and found.st is None:
+                raise ToolFailure(f"no such file or directory: {shown}")
+            for rel, fd in _search_targets(found, glob):
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SEARCH_FILE_BYTES:
+                        skipped += stat.S_ISREG(st.st_mode)
+                        continue
+                    try:
+                        data = f.read()
+                    except OSError:
+                        skipped += 1
+                        continue
+                if _is_binary(data[:BINARY_SNIFF_BYTES]):
                     continue
-                if len(text) > MAX_MATCH_LINE_CHARS:
-                    text = text[:MAX_MATCH_LINE_CHARS] + "…"
-                matches.append(f"{rel}:{number}: {text}")
+                for number, text in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise _OverBudget
+                    if compiled.search(text, timeout=remaining, concurrent=True):
+                        if len(matches) >= MAX_MATCHES:
+                            more += 1
+                            continue
+                        if len(text) > MAX_MATCH_LINE_CHARS:
+                            text = text[:MAX_MATCH_LINE_CHARS] + "…"
+                        matches.append(f"{rel}:{number}: {text}")
+    except MissingPath as missing:
+        raise ToolFailure(f"no such file or directory: {missing.shown}") from None
+    except (_OverBudget, TimeoutError):
+        raise ToolFailure(
+            f"search_text stopped: it ran out of its {budget:g} s time budget after {len(matches) + more} matching "
+            "lines. The pattern may backtrack catastrophically (nested repetition such as (a|a)+ or (a+)+); simplify "
+            "it, or narrow the path or glob"
+        ) from None
     notes = []
     if literal:
         notes.append("[pattern is not a valid regular expression; it was searched as literal text]")
@@ -234,7 +349,7 @@ def _search_text(args: dict[str, Any], workspace: Path) -> str:
     if skipped:
         notes.append(f"[{skipped} files skipped: larger than {MAX_SEARCH_FILE_BYTES // (1024 * 1024)} MiB or unreadable]")
     if not matches:
-        notes.insert(0, f"no matches for {pattern!r} in {display_path(workspace, start)}")
+        notes.insert(0, f"no matches for {pattern!r} in {shown}")
     return truncate_output("\n".join(matches + notes))
 
 
@@ -245,54 +360,51 @@ async def search_text(args: dict[str, Any], ctx: ToolContext) -> str:
 # --- write_file / edit_file -------------------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # some file systems refuse to open or fsync a directory; the data is synced
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write(target: Path, data: bytes) -> None:
-    """Replace `target` with `data` all at once: temp file beside it, fsync, os.replace, fsync the directory.
+def atomic_write(dir_fd: int, name: str, data: bytes) -> None:
+    """Replace `name` in the directory `dir_fd` with `data` all at once: temp file beside it, fsync, rename, fsync the
+    directory. Everything is relative to `dir_fd`, so the file lands in that directory whatever happens to the names
+    above it.
 
     An existing file keeps its permission bits; a new one gets the usual 0666 & ~umask. (Hard links to the old file
-    are not updated — the name now points at a new inode.)
+    are not updated — the name now points at a new inode.) A symlink swapped in for `name` is replaced, not followed.
     """
     try:
-        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+        mode: int | None = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except FileNotFoundError:
         mode = None
-    tmp = target.parent / f".{target.name[:100]}.{secrets.token_hex(6)}.cairn-tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600 if mode is not None else 0o666)
+    tmp = f".{name[:100]}.{secrets.token_hex(6)}.cairn-tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
-    _fsync_dir(target.parent)
+    with contextlib.suppress(OSError):  # some file systems refuse to fsync a directory; the data itself is synced
+        os.fsync(dir_fd)
 
 
 def _write_file(args: dict[str, Any], workspace: Path) -> str:
     path = require_str(args, "path")
     content = require_str(args, "content", allow_empty=True)
-    target = resolve_in_workspace(workspace, path)
-    shown = display_path(workspace, target)
-    if target.is_dir():
-        raise ToolFailure(f"{shown} is a directory; give a file path")
-    data = content.encode("utf-8")
-    target.parent.mkdir(parents=True, exist_ok=True)  # inside the workspace: target is, so its parents are
-    if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
-        return f"wrote {len(data)} bytes to {shown} (the file already had exactly this content)"
-    atomic_write(target, data)
+    data = printable(content).encode("utf-8")  # a lone surrogate from the model's JSON becomes U+FFFD, not a crash
+    with locate(workspace, path, make_parents=True) as found:
+        shown = found.shown
+        if found.is_dir:
+            raise ToolFailure(f"{shown} is a directory; give a file path")
+        assert found.name is not None
+        if found.st is not None:
+            _refuse_irregular(shown, found.st.st_mode)
+            if found.st.st_size == len(data) and _read_regular(found) == data:
+                return f"wrote {len(data)} bytes to {shown} (the file already had exactly this content)"
+        atomic_write(found.dir_fd, found.name, data)
     return f"wrote {len(data)} bytes to {shown}"
 
 
@@ -316,30 +428,38 @@ def _edit_file(args: dict[str, Any], workspace: Path) -> str:
     new = require_str(args, "new", allow_empty=True)
     if old == new:
         raise BadArguments("old and new are identical; nothing to change")
-    target = resolve_in_workspace(workspace, path)
-    shown = display_path(workspace, target)
-    if not target.is_file():
-        raise ToolFailure(f"no such file: {shown} (use write_file to create a file)")
-    data = target.read_bytes()
-    if _is_binary(data[:BINARY_SNIFF_BYTES]):
-        raise ToolFailure(f"{shown} looks like a binary file; edit_file only edits text")
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ToolFailure(f"{shown} is not valid UTF-8 text; edit_file only edits UTF-8 text") from None
-    found = _occurrences(text, old)
-    if not found:
-        hint = " (the file uses CRLF line endings; include the \\r)" if "\r\n" in text and "\r\n" not in old else ""
-        raise ToolFailure(
-            f"old text not found in {shown}{hint}; it must match exactly, including whitespace and indentation "
-            "(read_file shows the current content)"
-        )
-    if len(found) > 1:
-        raise ToolFailure(
-            f"old text occurs {len(found)} times in {shown}; include more surrounding lines so it matches exactly once"
-        )
-    at = found[0]
-    atomic_write(target, (text[:at] + new + text[at + len(old):]).encode("utf-8"))
+        with locate(workspace, path) as found:
+            shown = found.shown
+            if found.is_dir:
+                raise ToolFailure(f"{shown} is a directory; edit_file edits a file")
+            if found.st is None:
+                raise ToolFailure(f"no such file: {shown} (use write_file to create a file)")
+            assert found.name is not None
+            data = _read_regular(found)
+            if _is_binary(data[:BINARY_SNIFF_BYTES]):
+                raise ToolFailure(f"{shown} looks like a binary file; edit_file only edits text")
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ToolFailure(f"{shown} is not valid UTF-8 text; edit_file only edits UTF-8 text") from None
+            found_at = _occurrences(text, old)
+            if not found_at:
+                hint = " (the file uses CRLF line endings; include the \\r)" if "\r\n" in text and "\r\n" not in old else ""
+                raise ToolFailure(
+                    f"old text not found in {shown}{hint}; it must match exactly, including whitespace and indentation "
+                    "(read_file shows the current content)"
+                )
+            if len(found_at) > 1:
+                raise ToolFailure(
+                    f"old text occurs {len(found_at)} times in {shown}; include more surrounding lines so it matches "
+                    "exactly once"
+                )
+            at = found_at[0]
+            new_text = text[:at] + new + text[at + len(old):]
+            atomic_write(found.dir_fd, found.name, printable(new_text).encode("utf-8"))
+    except MissingPath as missing:
+        raise ToolFailure(f"no such file: {missing.shown} (use write_file to create a file)") from None
     return f"replaced 1 occurrence in {shown} at line {text.count(chr(10), 0, at) + 1}"
 
 
@@ -389,8 +509,9 @@ SEARCH_TEXT = Tool(
     name="search_text",
     description=(
         "Search text files in the workspace for a Python regular expression (an invalid regex is searched as literal "
-        f"text). Prints 'path:line: text' for each matching line, at most {MAX_MATCHES}. Skips binary files and "
-        "directories such as .git, .venv and node_modules."
+        f"text). Prints 'path:line: text' for each matching line, at most {MAX_MATCHES}. Skips binary files, "
+        "symlinks met while walking, and directories such as .git, .venv and node_modules. The whole search has a "
+        f"{SEARCH_TIME_BUDGET:g} s time budget; a pattern that backtracks for longer fails with an error."
     ),
     parameters={
         "type": "object",
