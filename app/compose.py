@@ -17,6 +17,7 @@ from cairn.persistence.store import OpenedSession, SessionStore
 
 from . import failpoints
 from .approval import Approver, headless_approver
+from .compaction import context_window_for
 from .config import Config, config_for_session, make_provider, provider_secrets
 from .hooks import Hooks
 from .loop import AgentLoop, TurnResult
@@ -93,6 +94,7 @@ async def mount_agent(
     loop = AgentLoop(
         session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks,
         max_retries=config.max_retries,
+        context_window=getattr(config, "context_window", None) or context_window_for(provider.model),
     )
     await stack.enter_async_context(loop)
     return Agent(session, loop, policy, provider, config)

@@ -38,6 +38,7 @@ from cairn.persistence.events import (
     ApprovalDecided,
     AssistantChunk,
     AssistantMessage,
+    ContextCompaction,
     InvalidEvent,
     NonFiniteNumber,
     ReasoningChunk,
@@ -57,7 +58,16 @@ from cairn.persistence.events import (
 )
 from cairn.persistence.session import LiveSession
 
-from .approval import ApprovalRequest, Approver, headless_approver, needs_approval
+from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answer, headless_approver, needs_approval
+from .compaction import (
+    COMPACT_AT,
+    CompactionFailed,
+    carried_facts,
+    context_window_for,
+    estimate_tokens,
+    is_context_overflow,
+    summary_request,
+)
 from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext, nothing
 from .providers.base import ModelRequest, Provider, ProviderError, RawToolCall, ReasoningDelta, StreamEnd, TextDelta
 from .tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
@@ -148,6 +158,7 @@ class AgentLoop:
         system_prompt: str | None = None,
         max_retries: int = 4,
         retry_base_delay: float = 0.5,
+        context_window: int | None = None,
     ) -> None:
         self.session = session
         self.provider = provider
@@ -162,8 +173,11 @@ class AgentLoop:
         # every top-level call id the session has used: a provider that repeats one gets a unique variant (SPEC §2)
         self._call_ids = {c.call_id for e in session.events if isinstance(e, AssistantMessage) for c in e.tool_calls}
         self.system_prompt = (system_prompt or SYSTEM_PROMPT).format(workspace=self.workspace)
-        self.allowed_for_session: set[str] = set()
-        self.transcript = Transcript()
+        self.grants = Grants()  # what the operator allowed for this session (tools, run_command prefixes)
+        self.transcript = Transcript(session.events)
+        # tokens the model accepts per request (None: its family's default); compaction keeps requests inside it
+        self.context_window = context_window
+        self.compact_next = False  # `/compact`: compact before the next request whatever its size
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
         self._next_turn = 1 + max((e.turn for e in session.events if isinstance(e, TurnStart)), default=0)
@@ -297,22 +311,7 @@ class AgentLoop:
             if step == 1:
                 append(UserMessage(turn=st.turn, step=step, text=prompt))
             await self.hooks.run("before_step", StepContext(self.session, st.turn, step), nothing)
-            request = ModelRequest(
-                messages=[{"role": "system", "content": self.system_prompt}, *self.transcript.messages],
-                tools=self.tools.schemas(),
-                model=self.provider.model,
-                params=dict(self.params),
-                turn=st.turn,
-                step=step,
-            )
-            append(
-                RequestHeader(
-                    turn=st.turn, step=step, provider=self.provider.name, model=self.provider.model,
-                    params=request.params, tools=[t.name for t in request.tools], message_count=len(request.messages),
-                )
-            )
-
-            raw_calls = await self._request(st, request)
+            raw_calls = await self._request_within_context(st)
             if not raw_calls:
                 append(StepEnd(turn=st.turn, step=step))
                 st.step = None
@@ -320,6 +319,82 @@ class AgentLoop:
             await self._run_calls(st)
             append(StepEnd(turn=st.turn, step=step))
             st.step = None
+
+    def _build_request(self, st: _TurnState) -> ModelRequest:
+        request = ModelRequest(
+            messages=[{"role": "system", "content": self.system_prompt}, *self.transcript.messages],
+            tools=self.tools.schemas(),
+            model=self.provider.model,
+            params=dict(self.params),
+            turn=st.turn,
+            step=st.step or 0,
+        )
+        self.session.append(
+            RequestHeader(
+                turn=st.turn, step=st.step or 0, provider=self.provider.name, model=self.provider.model,
+                params=request.params, tools=[t.name for t in request.tools], message_count=len(request.messages),
+            )
+        )
+        return request
+
+    async def _request_within_context(self, st: _TurnState) -> list[RawToolCall]:
+        """Compact first when the request would outgrow the context window; when the server still refuses it for its
+        length, compact (once) and send it again with a new `request/header`."""
+        await self._compact_if_needed(st, force=self.compact_next)
+        request = self._build_request(st)
+        try:
+            return await self._request(st, request)
+        except ProviderError as e:
+            if not is_context_overflow(e) or st.text or st.reasoning:
+                raise
+            st.streaming = False
+            log.info("the server refused the request for its length (%s); compacting", e)
+            if not await self._compact_if_needed(st, force=True):
+                raise
+        return await self._request(st, self._build_request(st))
+
+    async def _compact_if_needed(self, st: _TurnState, force: bool = False) -> bool:
+        """Append a `context/compaction` when the next request would pass COMPACT_AT of the window (or when forced).
+        Returns whether it compacted. The summary comes from the same provider, inside the turn's cancel scope."""
+        window = self.context_window or context_window_for(self.provider.model, {})
+        messages = [{"role": "system", "content": self.system_prompt}, *self.transcript.messages]
+        if not force and estimate_tokens(messages, self.tools.schemas()) < COMPACT_AT * window:
+            return False
+        through = self._compaction_point(st)
+        if through is None:
+            return False
+        self.compact_next = False
+        earlier = Transcript(self.session.events)
+        earlier.extend([e for e in self.session.events if e.seq <= through])
+        request = ModelRequest(messages=summary_request(earlier.messages), tools=[], model=self.provider.model,
+                               params=dict(self.params), turn=st.turn, step=st.step or 0)
+        parts: list[str] = []
+        usage = None
+        async with aclosing(self.provider.stream(request)) as stream:  # type: ignore[type-var]
+            async for item in stream:
+                if isinstance(item, TextDelta):
+                    parts.append(item.text)
+                elif isinstance(item, StreamEnd):
+                    usage = item.usage
+        summary = "".join(parts).strip()
+        if not summary:
+            raise CompactionFailed("the model returned an empty summary; the conversation was not compacted")
+        self.session.append(ContextCompaction(
+            summary=summary, through_seq=through, model=self.provider.model, usage=usage,
+            carried=carried_facts(self.session.events, through),
+        ))
+        return True
+
+    def _compaction_point(self, st: _TurnState) -> int | None:
+        """The last event the summary replaces: the end of the previous turn when earlier turns hold anything not yet
+        compacted, else the end of this turn's latest finished step (a single long turn); None if nothing can go."""
+        events = self.session.events
+        done = max((e.through_seq for e in events if isinstance(e, ContextCompaction)), default=-1)
+        turn_start = next((e.seq for e in reversed(events) if isinstance(e, TurnStart) and e.turn == st.turn), None)
+        if turn_start is not None and any(isinstance(e, UserMessage) and done < e.seq < turn_start for e in events):
+            return turn_start - 1
+        step_ends = [e.seq for e in events if isinstance(e, StepEnd) and e.turn == st.turn and e.seq > done]
+        return step_ends[-1] if step_ends else None
 
     async def _request(self, st: _TurnState, request: ModelRequest) -> list[RawToolCall]:
         """Send the request and consume the answer, retrying what a server may answer next time (SPEC §7 rev 2):
@@ -470,27 +545,30 @@ class AgentLoop:
             what = "not valid JSON" if isinstance(request.arguments, str) else "not a JSON object"
             self._append_result(st, call, ToolOutcome(f"The arguments are {what}; send a JSON object.", BAD_ARGUMENTS))
             return
-        if needs_approval(tool.safety) and tool.name not in self.allowed_for_session:
-            decision = await self._ask(st, call, tool.safety)
-            if decision == "allowed_session":
-                self.allowed_for_session.add(tool.name)
-            elif decision != "allowed_once":
-                self._append_result(st, call, ToolOutcome("The operator denied this call; it did not run.", DENIED))
+        if needs_approval(tool.safety) and not self.grants.covers(tool.name, request.arguments):
+            answer = await self._ask(st, call, tool.safety)
+            if answer.decision == "allowed_session":
+                self.grants.add(tool.name, answer.command_prefix)
+            elif answer.decision != "allowed_once":
+                note = f" The operator's note: {answer.note}" if answer.note else ""
+                self._append_result(st, call, ToolOutcome(f"The operator denied this call; it did not run.{note}", DENIED))
                 return
         run = self._record_call(st, call)
         self._append_result(st, call, await self._execute(run))
 
-    async def _ask(self, st: _TurnState, call: _CallState, safety: str) -> str:
+    async def _ask(self, st: _TurnState, call: _CallState, safety: str) -> ApprovalAnswer:
         r = call.request
         self.session.append(ApprovalAsked(turn=st.turn, step=st.step or 0, call_id=r.call_id))
         call.asked = True
-        decision = await self.approver(ApprovalRequest(r.call_id, r.name, r.arguments, safety, st.turn, st.step or 0))
+        answer = as_answer(await self.approver(
+            ApprovalRequest(r.call_id, r.name, r.arguments, safety, st.turn, st.step or 0)))
         call.asked = False
-        self.session.append(ApprovalDecided(turn=st.turn, step=st.step or 0, call_id=r.call_id, decision=decision))
-        if decision == "cancelled":  # the operator cancelled the turn from the approval prompt
+        self.session.append(ApprovalDecided(turn=st.turn, step=st.step or 0, call_id=r.call_id,
+                                            decision=answer.decision))
+        if answer.decision == "cancelled":  # the operator cancelled the turn from the approval prompt
             self.cancel()
             await anyio.lowlevel.checkpoint()
-        return decision
+        return answer
 
     def _record_call(self, st: _TurnState, call: _CallState) -> ToolRunContext:
         r = call.request

@@ -11,6 +11,7 @@ from cairn.persistence.events import (
     ApprovalDecided,
     AssistantChunk,
     AssistantMessage,
+    ContextCompaction,
     IgnorableEvent,
     ReasoningChunk,
     RecoveryVerdict,
@@ -107,6 +108,9 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
         elif isinstance(e, TurnEnd):
             err = f": {e.error.code} {e.error.message}" if e.error else ""
             out.append(f"── turn {e.turn} {e.reason}{err} ──{mark}")
+        elif isinstance(e, ContextCompaction):
+            carried = f"; {len(e.carried)} recovery fact(s) carried verbatim" if e.carried else ""
+            out.append(f"  ⋯ context compacted: events through seq {e.through_seq} summarised{carried}")
         elif isinstance(e, IgnorableEvent):
             out.append(f"  (ignored event {e.type})")
     # chunks of a step that never got its assistant/message (crash mid-stream) are still worth seeing

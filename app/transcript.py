@@ -16,9 +16,12 @@ The log keeps exactly what happened; this conversation is normalised so that the
 - an id already used earlier in the conversation (an old log from a provider that repeats ids) is renamed
   `<id>-dup`, `<id>-dup#2`, … like the loop does for new answers, and its result follows it;
 - `reasoning_content` rides on the current turn's assistant messages with tool calls (DeepSeek thinking mode wants it
-  back there) and is dropped from older turns;
+  back there), with `reasoning_meta` when the provider gave one (Anthropic's thinking signatures; the anthropic
+  provider turns both into signed thinking blocks), and both are dropped from older turns;
 - nested calls (with `parent_call_id`) stay inside their parent's result, and messages before the first user content
-  (a log that starts mid-way) are dropped rather than inventing a prompt.
+  (a log that starts mid-way) are dropped rather than inventing a prompt;
+- a `context/compaction` replaces everything up to its `through_seq` with its summary (and the recovery facts it
+  carries) as user content; the events after `through_seq` are derived again from the log (`source`) after it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from cairn.persistence.events import (
     AnyEvent,
     AssistantMessage,
+    ContextCompaction,
     RecoveryVerdict,
     StepEnd,
     StepStart,
@@ -70,7 +74,9 @@ class _Slot:
 
 
 class Transcript:
-    def __init__(self) -> None:
+    def __init__(self, source: list[AnyEvent] | None = None) -> None:
+        """`source`: the session's event list (by reference), read again only when a compaction is added."""
+        self._source = source if source is not None else []
         self.messages: list[dict[str, Any]] = []
         self._user_parts: list[str] | None = None  # parts of messages[-1] while it is a user message
         self._slots: list[_Slot] = []  # calls of the latest answer, in the model's order
@@ -103,13 +109,28 @@ class Transcript:
             self._close_answer()
             for message in self._reasoned:
                 message.pop("reasoning_content", None)
+                message.pop("reasoning_meta", None)
             self._reasoned.clear()
         elif isinstance(event, (StepEnd, StepStart, TurnEnd)):
             self._close_answer()
+        elif isinstance(event, ContextCompaction):
+            self._compact(event)
 
     def extend(self, events: list[AnyEvent]) -> None:
         for event in events:
             self.add(event)
+
+    def _compact(self, event: ContextCompaction) -> None:
+        from .compaction import summary_text
+
+        source = self._source
+        self.__init__(source)  # type: ignore[misc]
+        for fact in event.carried:
+            self._names[str(fact.get("call_id"))] = str(fact.get("name") or "a tool")
+        self._add_user(summary_text(event))
+        for e in source:
+            if event.through_seq < e.seq < event.seq:
+                self.add(e)
 
     # -- messages ---------------------------------------------------------------------------------------------------
 
@@ -159,6 +180,8 @@ class Transcript:
         message["tool_calls"] = calls
         if event.reasoning:
             message["reasoning_content"] = event.reasoning
+            if event.reasoning_meta:  # e.g. Anthropic thinking signatures, which must go back with the reasoning
+                message["reasoning_meta"] = event.reasoning_meta
             self._reasoned.append(message)
 
     # -- pairing ----------------------------------------------------------------------------------------------------

@@ -132,6 +132,20 @@ class RequestRetry(Event, tag="request/retry", kw_only=True):
     ignorable: bool = True
 
 
+class ContextCompaction(Event, tag="context/compaction", kw_only=True):
+    """A summary that replaces, in the derived conversation, every event up to `through_seq` (the log keeps them all).
+
+    `carried`: the OUTCOME_UNKNOWN calls and the verdicts of that part, kept verbatim beside the summary so recovery
+    guidance survives any number of compactions. Written ignorable: a reader that skips it sends the full history."""
+
+    summary: str
+    through_seq: int
+    model: str
+    usage: Usage | None = None
+    carried: list[dict[str, Any]] = []
+    ignorable: bool = True
+
+
 class ToolProgress(Event, tag="tool/progress", kw_only=True):
     """The process a run_command call started (rev 2, write-behind), so recovery can tell whether it still runs."""
 
@@ -213,7 +227,7 @@ class IgnorableEvent(msgspec.Struct, gc=False):
 KnownEvent = (
     TurnStart | StepStart | UserMessage | RequestHeader | AssistantChunk | AssistantMessage | ApprovalAsked
     | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd | ReasoningChunk | RequestRetry
-    | ToolProgress
+    | ToolProgress | ContextCompaction
 )
 AnyEvent = KnownEvent | IgnorableEvent
 

@@ -1,0 +1,164 @@
+"""Context compaction: keep a long session's requests inside the model's context window, without losing recovery facts.
+
+Every request sends the derived conversation; an 80-turn session outgrows most context windows, and a server that
+answers "context length exceeded" to every request makes the session as dead as a crash would. When the next request
+would pass `COMPACT_AT` of the window (an estimate), or the server refuses one for its length, the loop asks the same
+provider for a summary of everything up to a turn (or step) boundary and appends `context/compaction`. The derived
+conversation is then: system, the summary, everything after `through_seq`. The log keeps every event; repair, `show`
+and the resume screen work on the raw log as before.
+
+What is never summarised away: every OUTCOME_UNKNOWN call and every operator verdict of the compacted part is carried
+verbatim (tool, arguments, status, what the model was told, the verdict) beside the summary, and carried again by the
+next compaction. A crash during compaction loses nothing: the log simply has no compaction yet, and the next request
+compacts again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from cairn.persistence.events import (
+    TOOL_OUTCOME_UNKNOWN,
+    AnyEvent,
+    ContextCompaction,
+    RecoveryVerdict,
+    ToolCall,
+    ToolResult,
+)
+
+from .providers.base import ProviderError
+
+DEFAULT_CONTEXT_WINDOW = 128_000
+COMPACT_AT = 0.85  # of the window: leave room for the answer and for the estimate being rough
+CHARS_PER_TOKEN = 4  # a deliberately rough estimate; the server's own refusal is the backstop
+
+# Context windows of known model families (tokens); the first matching prefix wins, anything else gets the default.
+KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
+    ("gpt-4.1", 1_000_000), ("gpt-5", 400_000), ("gpt-4o", 128_000), ("o1", 200_000), ("o3", 200_000),
+    ("o4", 200_000), ("claude", 200_000), ("deepseek", 128_000), ("gemini", 1_000_000), ("gemma3", 32_000),
+    ("gemma-3", 32_000), ("qwen2.5", 32_000), ("llama3", 128_000), ("llama-3", 128_000), ("mistral", 32_000),
+)
+
+# Words servers use when a request is too long for the model (OpenAI, Anthropic, llama.cpp, vLLM, LiteLLM).
+OVERFLOW_WORDS = (
+    "context_length_exceeded", "context length", "maximum context", "prompt is too long", "too many tokens",
+    "exceeds the context", "context window", "n_ctx", "input is too long",
+)
+
+SUMMARY_SYSTEM = (
+    "You are compacting the conversation of a coding agent so it can continue in a smaller context. Write a concise "
+    "but complete summary for the agent itself: the user's goals and instructions, decisions made, files and commands "
+    "involved with their outcomes, the current state of the work, and what remains to do. Keep exact names, paths, "
+    "values and error messages. Do not invent anything. Answer with the summary only."
+)
+SUMMARY_HEADER = "[Cairn: summary of the earlier conversation, written when it outgrew the context window]"
+CARRIED_HEADER = (
+    "[Cairn recovery, carried verbatim: tool calls whose outcome is unknown after a crash or cancellation, and the "
+    "operator's verdicts. Verify before repeating any of them.]"
+)
+
+
+class CompactionFailed(ProviderError):
+    """The summary request failed or came back empty; the turn ends in error and the session stays continuable."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "COMPACTION_FAILED")
+
+
+def context_window_for(model: str | None, env: Mapping[str, str] | None = None) -> int:
+    """CAIRN_CONTEXT_WINDOW when set (validated), else the model family's window, else 128k tokens."""
+    env = os.environ if env is None else env
+    raw = (env.get("CAIRN_CONTEXT_WINDOW") or "").strip()
+    if raw:
+        from .config import ConfigError
+
+        if not raw.isdigit() or int(raw) < 1024:
+            raise ConfigError(f"CAIRN_CONTEXT_WINDOW must be a whole number of tokens >= 1024, not {raw[:40]!r}")
+        return int(raw)
+    name = (model or "").lower().rsplit("/", 1)[-1]
+    return next((tokens for prefix, tokens in KNOWN_WINDOWS if name.startswith(prefix)), DEFAULT_CONTEXT_WINDOW)
+
+
+def estimate_tokens(messages: list[dict[str, Any]], tools: list[Any] = ()) -> int:  # type: ignore[assignment]
+    """A rough size of a request in tokens (characters / 4, tools' schemas included)."""
+    size = len(json.dumps(messages, ensure_ascii=False))
+    for tool in tools:
+        size += len(getattr(tool, "description", "")) + len(json.dumps(getattr(tool, "parameters", {})))
+    return size // CHARS_PER_TOKEN + 1
+
+
+def is_context_overflow(error: ProviderError) -> bool:
+    """Whether a provider error says the request was too long for the model's context."""
+    if error.code not in ("HTTP_400", "HTTP_413", "HTTP_422", "STREAM_ERROR"):
+        return False
+    text = str(error).lower()
+    return any(word in text for word in OVERFLOW_WORDS)
+
+
+def carried_facts(events: list[AnyEvent], through_seq: int) -> list[dict[str, Any]]:
+    """The OUTCOME_UNKNOWN calls and verdicts among events[..through_seq], previous compactions' carried facts
+    included, in the order they happened; a later verdict is attached to its call."""
+    carried: dict[str, dict[str, Any]] = {}
+    calls: dict[int, ToolCall] = {}
+    for e in events:
+        if e.seq > through_seq:
+            break
+        if isinstance(e, ContextCompaction):
+            for fact in e.carried:
+                carried[str(fact.get("call_id"))] = dict(fact)
+        elif isinstance(e, ToolCall):
+            calls[e.seq] = e
+        elif isinstance(e, ToolResult) and e.error_code == TOOL_OUTCOME_UNKNOWN:
+            call = calls.get(e.source_seq) if e.source_seq is not None else None
+            if call is not None and call.parent_call_id is not None:
+                continue  # a nested call: its parent's outcome is what the model saw
+            carried[e.call_id] = {
+                "call_id": e.call_id, "name": call.name if call else "", "arguments": call.arguments if call else None,
+                "status": "OUTCOME_UNKNOWN", "told": e.content, "verdict": None, "note": "",
+            }
+        elif isinstance(e, RecoveryVerdict):
+            fact = carried.setdefault(e.call_id, {"call_id": e.call_id, "name": "", "arguments": None,
+                                                  "status": "OUTCOME_UNKNOWN", "told": "", "verdict": None, "note": ""})
+            fact["verdict"], fact["note"] = e.verdict, e.note
+    return list(carried.values())
+
+
+def summary_text(event: ContextCompaction) -> str:
+    """The user content that stands for everything the compaction replaced."""
+    parts = [SUMMARY_HEADER, event.summary.strip()]
+    if event.carried:
+        lines = [CARRIED_HEADER]
+        for fact in event.carried:
+            arguments = json.dumps(fact.get("arguments"), ensure_ascii=False)
+            line = f"- call {fact.get('call_id')} `{fact.get('name') or 'a tool'}` {arguments}: {fact.get('status')}."
+            if fact.get("told"):
+                line += f" You were told: {fact['told']}"
+            if fact.get("verdict"):
+                line += f" Operator's verdict: {fact['verdict']}."
+                if fact.get("note"):
+                    line += f" Note: {fact['note']}"
+            lines.append(line)
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def summary_request(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages of the summary request: the conversation to compact, rendered as one readable user message (a
+    plain transcript, so no tool-call pairing rules apply and any server accepts it)."""
+    lines: list[str] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "tool":
+            lines.append(f"[tool result {m.get('tool_call_id')}]\n{m.get('content')}")
+            continue
+        if m.get("content"):
+            lines.append(f"[{role}]\n{m['content']}")
+        for call in m.get("tool_calls") or []:
+            function = call.get("function", {})
+            lines.append(f"[{role} calls {function.get('name')} as {call.get('id')}] {function.get('arguments')}")
+    return [
+        {"role": "system", "content": SUMMARY_SYSTEM},
+        {"role": "user", "content": "Summarise this conversation:\n\n" + "\n\n".join(lines)},
+    ]
