@@ -17,28 +17,31 @@ import pytest
 from acp import RequestError, image_block, resource_link_block, text_block
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from acp_helpers import RecordingClient, agent_stderr, connect, content_text, summary, wait_for
-from cairn.app.acp_agent import prompt_text
-from cairn.app.acp_updates import replay
+from acp_helpers import (
+    RecordingClient,
+    agent_stderr,
+    connect,
+    content_text,
+    prompt,
+    result_text,
+    rig_fixture,
+    script_env,
+    summary,
+    wait_for,
+)
+from cairn.app.acp.agent import prompt_text
+from cairn.app.acp.updates import replay
 from crash_harness import CAIRN, Rig, types, wait_until
 from cairn.persistence.events import (AssistantChunk, AssistantMessage, RecoveryVerdict, StepEnd, StepStart,
                                 ToolCallRequest, ToolResult, TurnEnd, TurnStart, UserMessage, event_type)
 from cairn.persistence.repair import outcome_unknown_text
 
 pytestmark = pytest.mark.anyio
+rig = pytest.fixture(rig_fixture, name="rig")
 
 SLOW_TEXT = {"text": "".join(f"word{i} " for i in range(60)), "chunks": 60, "delay_ms": 100}  # ~6 s if left alone
 
 
-@pytest.fixture
-def rig(tmp_path):
-    rig = Rig(tmp_path)
-    yield rig
-    rig.cleanup()
-
-
-def script_env(rig: Rig, responses: list[dict]) -> dict[str, str]:
-    return {"CAIRN_PROVIDER": "script", "CAIRN_SCRIPT": rig.script(responses)}
 
 
 def kinds(updates) -> list[str]:
@@ -54,9 +57,6 @@ def kinds(updates) -> list[str]:
 def text_of(updates, kind: str = "agent_message_chunk") -> str:
     return "".join(u.content.text for u in updates if u.session_update == kind)
 
-
-async def prompt(conn, session_id: str, text: str):
-    return await conn.prompt(session_id=session_id, prompt=[text_block(text)])
 
 
 # --------------------------------------------------------------------------------------------------------- initialize
@@ -173,7 +173,8 @@ async def test_permission_rejected_or_dismissed_never_runs_the_call(rig, choice,
     events = rig.show(sid)
     assert [e["decision"] for e in events if e["type"] == "approval/decided"] == [decision]
     result = next(e for e in events if e["type"] == "tool/result")
-    assert content_text(last).startswith(result["error_code"].split("_")[0])  # DENIED… / ABORTED…
+    assert result_text(last).startswith(result["error_code"].split("_")[0])  # DENIED… / ABORTED…
+    assert last.field_meta["cairn"]["error_code"] == result["error_code"]
     assert [e["reason"] for e in events if e["type"] == "turn/end"] == ["completed" if stop == "end_turn" else stop]
     assert "tool/call" not in types(events)
 
@@ -253,12 +254,21 @@ async def test_load_of_a_crashed_session_replays_history_with_recovered_calls(ri
     assert [summary(u) for u in replayed] == [
         ("user_message_chunk", "do both"),
         ("agent_message_chunk", "Two things."),
+        ("agent_message_chunk", "Cairn stopped here (crash or kill); recovered calls below."),
         ("tool_call", "call_side", "failed"),
         ("tool_call", "call_later", "failed"),
     ]
-    side, later = replayed[2], replayed[3]
-    assert content_text(side).startswith("TOOL_OUTCOME_UNKNOWN") and "side-effecting" in content_text(side)
-    assert content_text(later).startswith("TOOL_NOT_STARTED")
+    side, later = replayed[3], replayed[4]
+    # the same status word as live (rev 2 of this test: repair's TOOL_ prefix is no longer shown), and machine-readable
+    assert result_text(side).startswith("OUTCOME_UNKNOWN: ") and "side-effecting" in result_text(side)
+    assert result_text(later).startswith("NOT_STARTED: ")
+    assert side.field_meta["cairn"] == {"status": "OUTCOME_UNKNOWN", "error_code": "TOOL_OUTCOME_UNKNOWN",
+                                        "safety": "side_effecting", "recovered": True}
+    assert later.field_meta["cairn"] == {"status": "NOT_STARTED", "error_code": "TOOL_NOT_STARTED",
+                                         "safety": "idempotent", "recovered": True}
+    assert side.raw_output["status"] == "OUTCOME_UNKNOWN" and later.raw_output["error_code"] == "TOOL_NOT_STARTED"
+    assert SIDE_EFFECT in content_text(side)  # the full command is part of the call
+    assert [c.type for c in later.content] == ["content"]  # no diff for a write that never happened
     assert (side.kind, side.raw_input) == ("execute", {"command": SIDE_EFFECT})
     assert [event_type(e) for e in stored.events][-4:] == ["tool/result", "tool/result", "step/end", "turn/end"]
     assert stored.events[-1].reason == "interrupted" and stored.repair == []
@@ -386,18 +396,27 @@ def test_replay_keeps_text_cut_by_a_crash_and_shows_verdicts_beside_the_result()
     ]
     updates = replay(events, Path("/ws"))
     assert [summary(u) for u in updates] == [
-        ("user_message_chunk", "go"), ("agent_message_chunk", "Half a sentence"), ("user_message_chunk", "again"),
+        ("user_message_chunk", "go"), ("agent_message_chunk", "Half a sentence"),
+        ("agent_message_chunk", "Cairn stopped here (crash or kill)."), ("user_message_chunk", "again"),
+        ("agent_message_chunk", "Cairn stopped here (crash or kill); recovered calls below."),
         ("tool_call", "c9", "failed"), ("tool_call_update", "c9", None),
     ]
-    assert updates[3].kind == "edit" and updates[3].locations[0].path == "/ws/a.txt"
-    assert content_text(updates[4]).endswith("Operator's verdict: happened (the file was edited)")
+    assert updates[5].kind == "edit" and updates[5].locations[0].path == "/ws/a.txt"
+    assert updates[5].title == "Edit `a.txt`"
+    assert content_text(updates[6]).endswith("Operator's verdict: happened (the file was edited)")
+    assert updates[6].field_meta["cairn"]["verdict"] == {"verdict": "happened", "note": "the file was edited"}
 
 
-def test_prompt_text_takes_text_and_links_and_refuses_images():
-    assert prompt_text([text_block("look at "), resource_link_block("a.py", "file:///ws/a.py"),
-                        text_block(" please")]) == "look at [a.py](file:///ws/a.py) please"
+def test_prompt_text_takes_text_and_links_and_refuses_images(tmp_path):
+    ws = tmp_path.resolve()
+    assert prompt_text([text_block("look at "), resource_link_block("a.py", f"file://{ws}/src/a%20b.py"),
+                        text_block(" and "), resource_link_block("docs", "https://example.org/d"),
+                        text_block(" please")], ws) == "look at `src/a b.py` and [docs](https://example.org/d) please"
+    with pytest.raises(RequestError) as outside:
+        prompt_text([resource_link_block("passwd", "file:///etc/passwd")], ws)
+    assert outside.value.code == -32602 and "outside this session's workspace" in outside.value.data["details"]
     with pytest.raises(RequestError) as refused:
-        prompt_text([image_block("AAAA", "image/png")])
+        prompt_text([image_block("AAAA", "image/png")], ws)
     assert refused.value.code == -32602 and "text prompts only" in str(refused.value)
     with pytest.raises(RequestError):
-        prompt_text([text_block("  ")])
+        prompt_text([text_block("  ")], ws)

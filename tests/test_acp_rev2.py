@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from acp import text_block
 
-from acp_helpers import RecordingClient, connect, content_text, summary
-from cairn.app.acp_updates import live_updates, replay, wire
+from acp_helpers import RecordingClient, connect, content_text, prompt, rig_fixture, script_env, summary
+from cairn.app.acp.updates import LiveView, replay, wire
 from cairn.persistence.events import (
     AssistantChunk,
     AssistantMessage,
@@ -25,24 +24,12 @@ from cairn.persistence.events import (
     TurnStart,
     UserMessage,
 )
-from crash_harness import Rig
 
 pytestmark = pytest.mark.anyio
+rig = pytest.fixture(rig_fixture, name="rig")
 
 
-@pytest.fixture
-def rig(tmp_path):
-    rig = Rig(tmp_path)
-    yield rig
-    rig.cleanup()
 
-
-def script_env(rig: Rig, responses: list[dict]) -> dict[str, str]:
-    return {"CAIRN_PROVIDER": "script", "CAIRN_SCRIPT": rig.script(responses)}
-
-
-async def prompt(conn, session_id: str, text: str):
-    return await conn.prompt(session_id=session_id, prompt=[text_block(text)])
 
 
 TWO_STEPS = [
@@ -145,7 +132,8 @@ def test_updates_carry_no_lone_surrogate_whatever_the_events_hold():
         ToolResult(turn=1, step=1, call_id="c1", is_error=False, content=bad, error_code=None, source_seq=None),
         StepEnd(turn=1, step=1),
     ]
-    updates = replay(events, Path("/ws")) + [u for e in events for u in live_updates(e, Path("/ws"))]
+    view = LiveView(Path("/ws"))
+    updates = replay(events, Path("/ws")) + [u for e in events for u in view.updates(e)]
     assert {u.session_update for u in updates} >= {"agent_thought_chunk", "agent_message_chunk", "tool_call"}
     for update in updates:
         wire_text = json.dumps(update.model_dump(mode="json", by_alias=True), ensure_ascii=False)

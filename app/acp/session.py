@@ -32,16 +32,18 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate, Usage
+from acp import update_agent_message_text
+from acp.schema import AllowedOutcome, PermissionOption, SessionMode, SessionModeState, ToolCallUpdate, Usage
 
-from cairn.persistence.events import AnyEvent, AssistantMessage, Decision, TurnStart
+from cairn.persistence.events import AnyEvent, AssistantMessage, Decision, RecoveryVerdict, TurnStart
+from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.store import OpenedSession
 
-from .acp_updates import live_updates, tool_kind, tool_title, wire
-from .approval import ApprovalRequest
-from .compose import Agent, open_agent
-from .config import Config
-from .loop import TurnResult
+from ..approval import ApprovalRequest
+from ..compose import Agent, open_agent
+from ..config import Config
+from ..loop import TurnResult
+from .updates import LiveView, call_content, tool_kind, tool_locations, tool_title, wire
 
 log = logging.getLogger("cairn.acp")
 
@@ -54,6 +56,21 @@ PERMISSION_OPTIONS = [
 ]
 DECISIONS: dict[str, Decision] = {"allow_once": "allowed_once", "allow_always": "allowed_session",
                                   "reject_once": "denied"}
+
+# Approval modes, offered as ACP session modes. Per connection, like the editor's own choice: not written to the log
+# (the decisions they make are: approval/decided `allowed_once`, exactly as if the operator had clicked).
+MODES = [
+    SessionMode(id="ask", name="Ask", description="Ask before every command and file change"),
+    SessionMode(id="accept-edits", name="Accept edits",
+                description="Apply write_file and edit_file without asking; still ask before commands"),
+    SessionMode(id="bypass", name="Bypass", description="Run every tool call without asking"),
+]
+EDIT_TOOLS = ("write_file", "edit_file")
+VERDICTS = ("happened", "did_not_happen", "unknown")
+
+
+def mode_state(current: str) -> SessionModeState:
+    return SessionModeState(current_mode_id=current, available_modes=MODES)
 
 
 class UpdatePump:
@@ -70,6 +87,16 @@ class UpdatePump:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._finished = anyio.Event()
         self._client_gone = False
+        self._open = anyio.Event()  # held shut while the client cannot know the session yet (see `hold`)
+        self._open.set()
+
+    def hold(self) -> None:
+        """Keep updates queued until `release()`: a new session's first updates must follow the `session/new`
+        answer that tells the client its id (a client drops updates for a session it does not know)."""
+        self._open = anyio.Event()
+
+    def release(self) -> None:
+        self._open.set()
 
     def put(self, update: Any) -> None:
         try:
@@ -88,6 +115,7 @@ class UpdatePump:
     async def _run(self) -> None:
         try:
             async for item in self._receive:
+                await self._open.wait()
                 if isinstance(item, anyio.Event):
                     item.set()
                 elif not self._client_gone:
@@ -115,6 +143,7 @@ class UpdatePump:
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._tasks is not None
         self._send.close()
+        self.release()
         with anyio.move_on_after(CLOSE_GRACE):
             await self._finished.wait()
         self._tasks.cancel_scope.cancel()
@@ -136,6 +165,8 @@ class SessionHost:
         self.opened = opened
         self.id = opened.header.id
         self.pump = UpdatePump(conn, self.id)
+        self.view = LiveView(config.workspace)
+        self.mode = "ask"
         self.agent: Agent | None = None
         self.closing = False
         self.closed = anyio.Event()
@@ -179,6 +210,7 @@ class SessionHost:
         """Queue a turn, wait for its result and for the updates it caused to be sent. None: it never ran."""
         if self.closing or self.agent is None:
             return None
+        self.pump.release()
         waiter = _Waiter()
         self._waiting.append(waiter)
         self.agent.loop.submit(prompt)
@@ -213,6 +245,32 @@ class SessionHost:
         if self.agent is not None:
             self.agent.loop.cancel()
 
+    def say(self, text: str) -> None:
+        """A short agent message (command answers, notices)."""
+        self.pump.put(update_agent_message_text(wire(text)))
+
+    def record_verdict(self, arguments: str) -> str:
+        """`/verdict <call_id> happened|did_not_happen|unknown [note]`, recorded as `recovery/verdict` between turns,
+        exactly as the TUI's resume screen does; the model sees it in the next request. Returns the answer to show."""
+        usage = "usage: /verdict <call_id> happened|did_not_happen|unknown [note]"
+        if self.agent is None:
+            return "this session is closing"
+        parts = arguments.split(None, 2)
+        waiting = {r.call_id: r for r in calls_awaiting_verdict(self.agent.session.events)}
+        listing = ", ".join(waiting) or "none"
+        if len(parts) < 2 or parts[1] not in VERDICTS:
+            return f"{usage}. Calls waiting for a verdict: {listing}."
+        call_id, verdict, note = parts[0], parts[1], parts[2] if len(parts) > 2 else ""
+        if call_id not in waiting:
+            return f"{call_id} is not a call waiting for a verdict (OUTCOME_UNKNOWN, unanswered). Waiting: {listing}."
+        if self.agent.loop.busy:
+            return "a turn is running; send /verdict when it has ended"
+        self.agent.loop.record_verdict(call_id, verdict, note)
+        recorded = next(e for e in reversed(self.agent.session.events) if isinstance(e, RecoveryVerdict))
+        self.pump.put(self.view.verdict_update(recorded, waiting[call_id]))
+        return (f"Recorded: `{call_id}` {verdict}" + (f" ({note})" if note else "")
+                + ". The model will see it with your next prompt.")
+
     async def replay(self, updates: list[Any]) -> None:
         for update in updates:
             self.pump.put(update)
@@ -221,7 +279,7 @@ class SessionHost:
     # -- bridge -----------------------------------------------------------------------------------------------------
 
     def _on_event(self, event: AnyEvent) -> None:
-        for update in live_updates(event, self.config.workspace):
+        for update in self.view.updates(event):
             self.pump.put(update)
 
     def _on_turn_result(self, result: TurnResult) -> None:
@@ -238,11 +296,18 @@ class SessionHost:
         """Ask the client (`session/request_permission`); the loop records approval/asked and approval/decided.
 
         A client that dismisses the request (outcome `cancelled`) or has gone away cancels the turn, as the TUI's
-        cancel does from its approval prompt; a client that answers with an error or an unknown option denies."""
+        cancel does from its approval prompt; a client that answers with an error or an unknown option denies.
+        The request carries everything needed to decide: the full command, or the diff of the file change.
+        Modes decide without asking: `bypass` everything, `accept-edits` file changes."""
+        if self.mode == "bypass" or (self.mode == "accept-edits" and request.name in EDIT_TOOLS):
+            return "allowed_once"
         await self.pump.drain()  # the client has the `tool_call` this request refers to
+        known = self.view.calls.get(request.call_id)
         tool_call = ToolCallUpdate(
             tool_call_id=wire(request.call_id), title=tool_title(request.name, request.arguments),
             kind=tool_kind(request.name), status="pending", raw_input=wire(request.arguments),
+            content=call_content(request.name, request.arguments, known.diff if known else None),
+            locations=tool_locations(request.name, request.arguments, self.config.workspace),
         )
         try:
             response = await self.conn.request_permission(

@@ -5,7 +5,7 @@ is pointed at stderr, so a stray print anywhere cannot corrupt the stream.
 
 Shutdown is ordered, whatever starts it (stdin EOF: the client closed the pipe or died; SIGTERM or SIGINT): every
 session stops its running turn the way `session/cancel` does and waits until the real `step/end`/`turn/end` are
-written, then its checkpoint policy is removed, then its log is flushed, closed and unlocked (acp_session.py). On a
+written, then its checkpoint policy is removed, then its log is flushed, closed and unlocked (session.py). On a
 signal the connection stays open until the cancelled prompts are answered, so a client still listening gets
 `cancelled`; on EOF nobody is listening, and the sessions just close. Either way a later `cairn show` finds a log that
 ends in a real `turn/end` with reason `cancelled`, not one that needs repair.
@@ -13,8 +13,11 @@ ends in a real `turn/end` with reason `cancelled`, not one that needs repair.
 Malformed input: the package's reader logs and skips a line that is not JSON, and its receive loop dies on a line
 that is JSON but not an object (or has an id that is not a string or a number), which would end the agent. JSON-RPC
 2.0 asks for an answer instead (-32700 Parse error / -32600 Invalid Request, with id null), so every line passes
-through `LineScreen` first: it answers those lines itself and hands the rest to the package unchanged. Everything
-else (routing, unknown methods -32601, bad params -32602) is the package's.
+through `LineScreen` first: it answers those lines itself and hands the rest to the package unchanged. A message that
+is neither a request, a notification nor a response (`{}`) is answered -32600 too (the package would drop it silently).
+`session/cancel` is a notification, but some clients send it as a request (with an id): the package would answer
+-32601 and the turn would run on, so the screen forwards it as the notification it means and answers it (null).
+Everything else (routing, unknown methods -32601, bad params -32602) is the package's.
 """
 
 from __future__ import annotations
@@ -32,12 +35,13 @@ import acp
 import anyio
 from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
 
-from .acp_agent import CairnAgent
-from .config import Config, ConfigError, make_provider
+from ..config import Config, ConfigError, make_provider
+from .agent import CairnAgent
 
 log = logging.getLogger("cairn.acp")
 
 PARSE_ERROR, INVALID_REQUEST = -32700, -32600
+CANCEL_REQUEST = 1  # not an error: `session/cancel` sent as a request (see the module docstring)
 
 
 def run_acp(config: Config) -> int:
@@ -76,7 +80,7 @@ async def serve(config: Config) -> None:
             agent = CairnAgent(config, hosts)
             helpers.start_soon(stop_on_signal, agent, screen)
             try:
-                await acp.run_agent(agent, stdout, screened)  # returns at end of input
+                await acp.run_agent(agent, stdout, screened, observers=[agent.observe])  # returns at end of input
             except Exception:
                 log.exception("the connection failed")
             finally:
@@ -86,17 +90,24 @@ async def serve(config: Config) -> None:
 
 
 async def stop_on_signal(agent: CairnAgent, screen: "LineScreen") -> None:
-    """The first SIGTERM/SIGINT starts the ordered shutdown; later ones are ignored rather than allowed to cut it short
-    (the receiver stays open until the very end)."""
+    """The first SIGTERM/SIGINT/SIGHUP starts the ordered shutdown; a second one exits at once (the logs stay
+    repairable: that is what repair is for)."""
+
+    async def shutdown() -> None:
+        await agent.shutdown()  # turns cancelled and closed, logs closed, prompts answered
+        screen.end()  # then end the input, as an EOF would: the connection closes after its last answer
+
     stopping = False
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            if stopping:
-                continue
-            stopping = True
-            log.info("%s: stopping every session", signal.Signals(signum).name)
-            await agent.shutdown()  # turns cancelled and closed, logs closed, prompts answered
-            screen.end()  # then end the input, as an EOF would: the connection closes after its last answer
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with anyio.create_task_group() as tg:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if stopping:
+                    log.warning("%s again: exiting now", name)
+                    os._exit(130)
+                stopping = True
+                log.info("%s: stopping every session", name)
+                tg.start_soon(shutdown)
 
 
 class LineScreen:
@@ -119,6 +130,8 @@ class LineScreen:
                 problem = check_line(line)
                 if problem is None:
                     self.sink.feed_data(line)
+                elif problem[0] == CANCEL_REQUEST:
+                    self._cancel_request(line)
                 elif problem[0]:
                     self._answer(*problem)
         finally:
@@ -128,6 +141,12 @@ class LineScreen:
         if not self._ended:
             self._ended = True
             self.sink.feed_eof()
+
+    def _cancel_request(self, line: bytes) -> None:
+        message = json.loads(line)
+        notification = {"jsonrpc": "2.0", "method": message["method"], "params": message.get("params")}
+        self.sink.feed_data((json.dumps(notification) + "\n").encode())
+        self.out.write((json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": None}) + "\n").encode())
 
     def _answer(self, code: int, message: str) -> None:
         # One whole line per write(): the package's sender writes whole lines too, so lines never interleave.
@@ -147,4 +166,9 @@ def check_line(line: bytes) -> tuple[int, str] | None:
         return (INVALID_REQUEST, "Invalid Request: a JSON-RPC message must be a JSON object")
     if "id" in message and not isinstance(message["id"], (str, int, float, type(None))):
         return (INVALID_REQUEST, "Invalid Request: id must be a string, a number or null")
+    if "method" not in message and not ("id" in message and ("result" in message or "error" in message)):
+        return (INVALID_REQUEST, "Invalid Request: a message needs a method (request, notification) or an id with "
+                "a result or an error (response)")
+    if message.get("method") == "session/cancel" and message.get("id") is not None:
+        return (CANCEL_REQUEST, "")
     return None

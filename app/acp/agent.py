@@ -1,0 +1,392 @@
+"""The ACP agent: the protocol surface of Cairn for editors (Zed) and other clients (Toad).
+
+One ACP session is one Cairn session (same id), composed, checkpointed and repaired exactly as in the TUI and the CLI;
+`session.SessionHost` owns it. What each method does:
+
+| method            | Cairn                                                                                          |
+|-------------------|------------------------------------------------------------------------------------------------|
+| initialize        | protocol 1; `loadSession`, `sessionCapabilities.list`; prompts: text and resource links only   |
+| session/new       | a new session whose workspace is `cwd`; then (after the answer) the slash commands             |
+| session/load      | opens the session cold (repair committed durably first), replays it, its title, then answers  |
+|                   | — refused when `cwd` is not the session's own workspace                                        |
+| session/list      | the sessions whose cwd is `cwd` (all when omitted), newest first, in one page                  |
+| session/prompt    | one turn (updates follow the loop's events, updates.py), or a slash command answered directly  |
+| session/set_mode  | approval mode: `ask` (default), `accept-edits` (file changes without asking), `bypass`         |
+| session/cancel    | cancels the running turn through the loop (also when sent as a request, serve.py)              |
+
+Slash commands (offered with `available_commands_update`): `/verdict <call_id> happened|did_not_happen|unknown
+[note]` records an operator's verdict on an OUTCOME_UNKNOWN call as `recovery/verdict` between turns, as the TUI's
+resume screen does, so the model sees it in the next request; `/usage` and `/sessions` answer with a short message.
+The first prompt names the session (`session_info_update`, and the title in `session/list`).
+
+Stop reasons: a completed turn → `end_turn`; a cancelled one (`session/cancel`, a dismissed permission request, or
+shutdown) → `cancelled`; the loop's step limit → `max_turn_requests`; an answer cut off at the output limit (turn error
+MAX_TOKENS; its tool calls were not run) → `max_tokens`. Any other turn that ends in error (provider down, bad
+model output, a failed checkpoint) has no honest stop reason — `refusal` would tell the client the model refused — so
+the prompt is answered with a JSON-RPC error: code -32603, the turn's error message as the message, and
+`{"details": <the same message>, "code": <Cairn error code>, "turn": n, "sessionId": id}` as data. Every error Cairn
+raises carries its text in `data.details` too (Toad shows only that). The session stays usable and resumable.
+
+Reasoning streams as `agent_thought_chunk` updates (and is replayed by session/load). Token usage reported by the
+provider goes out as the turn's `PromptResponse.usage` (unstable in ACP). There is no `usage_update` session update:
+that one describes the context window's fill (`used`/`size`), which Cairn does not track per session.
+
+Errors when opening a session: unknown id → -32002 (ACP's "resource not found"); malformed id, missing cwd, another
+session's cwd → -32602; locked by another process, corrupt or unsupported log → -32603; each with the same one-line
+message the CLI prints.
+
+Not supported, so not advertised: image, audio and embedded-context prompts (a text resource that is sent anyway is
+inlined, a binary one only named); the client's file system and terminals (tools act on the workspace directly);
+config options, authentication; `session/close` and the other unstable methods, so a session stays open (and locked)
+until the client disconnects. MCP servers offered by the client are not used yet: the session says so in one agent
+message and stderr gets a warning, so they are never dropped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from urllib.parse import unquote, urlparse
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+import anyio.abc
+from acp import PROTOCOL_VERSION, RequestError
+from acp.helpers import update_available_commands, update_current_mode
+from acp.schema import (
+    AgentCapabilities,
+    AvailableCommand,
+    AvailableCommandInput,
+    EmbeddedResourceContentBlock,
+    Implementation,
+    InitializeResponse,
+    ListSessionsResponse,
+    LoadSessionResponse,
+    McpCapabilities,
+    NewSessionResponse,
+    PromptCapabilities,
+    PromptResponse,
+    ResourceContentBlock,
+    SessionCapabilities,
+    SessionInfo,
+    SessionInfoUpdate,
+    SessionListCapabilities,
+    SetSessionModeResponse,
+    StopReason,
+    TextContentBlock,
+    TextResourceContents,
+    UnstructuredCommandInput,
+)
+
+from cairn import __version__
+from cairn.persistence.errors import InvalidSessionId, PersistenceError, SessionExists, SessionLocked, SessionNotFound
+from cairn.persistence.events import MAX_TOKENS, UserMessage, usage_totals
+from cairn.persistence.store import OpenedSession, SessionStore
+
+from ..config import Config
+from ..loop import TurnResult
+from ..render import USAGE_FIELDS, first_line, format_time, format_usage
+from .session import SessionHost, mode_state
+from .updates import attachment_name, looks_binary, replay, session_title, shown_prompt, wire
+
+log = logging.getLogger("cairn.acp")
+
+NOT_FOUND, INVALID_PARAMS, INTERNAL = -32002, -32602, -32603
+
+COMMANDS = [
+    AvailableCommand(name="verdict", description="Record what really happened to a call Cairn could not confirm "
+                     "(OUTCOME_UNKNOWN) after a crash; the model sees it in the next request",
+                     input=AvailableCommandInput(root=UnstructuredCommandInput(
+                         hint="<call_id> happened|did_not_happen|unknown [note]"))),
+    AvailableCommand(name="usage", description="Tokens this session has used so far"),
+    AvailableCommand(name="sessions", description="Cairn sessions in this workspace, newest first"),
+]
+
+
+def error(code: int, message: str, /, **data: Any) -> RequestError:
+    """A JSON-RPC error a person can read: the message, and the same text as `data.details` (what Toad shows)."""
+    return RequestError(code, wire(message), wire({"details": message, **data}))
+
+
+class CairnAgent:
+    def __init__(self, config: Config, hosts: anyio.abc.TaskGroup) -> None:
+        self.config = config
+        self.store = SessionStore(config.home, config.backend, getattr(config, "database_url", None))
+        self.sessions: dict[str, SessionHost] = {}
+        self.closing = False
+        self._hosts = hosts  # the task group every SessionHost runs in
+        self._conn: Any = None
+        self._prompts = 0
+        self._prompts_idle = anyio.Event()
+        self._prompts_idle.set()
+
+    def on_connect(self, conn: Any) -> None:
+        self._conn = conn
+
+    # -- protocol ---------------------------------------------------------------------------------------------------
+
+    async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None,
+                         **kwargs: Any) -> InitializeResponse:
+        return InitializeResponse(
+            protocol_version=PROTOCOL_VERSION,
+            agent_capabilities=AgentCapabilities(
+                load_session=True,
+                prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=False),
+                mcp_capabilities=McpCapabilities(http=False, sse=False),
+                session_capabilities=SessionCapabilities(list=SessionListCapabilities()),
+            ),
+            auth_methods=[],
+            agent_info=Implementation(name="cairn", title="Cairn", version=__version__),
+        )
+
+    async def new_session(self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any) -> NewSessionResponse:
+        config = self._config_for(cwd)
+        opened = self._open(lambda: self.store.create(cwd=str(config.workspace)))
+        host = await self._start(opened, config)
+        log.info("session %s: new, workspace %s", host.id, config.workspace)
+        host.pump.hold()  # released once the answer carrying the id is out (observe)
+        self._greet(host, mcp_servers)
+        return NewSessionResponse(session_id=host.id, modes=mode_state(host.mode))
+
+    async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
+                           **kwargs: Any) -> LoadSessionResponse:
+        config = self._config_for(cwd)
+        host = self.sessions.get(session_id)
+        if host is not None and host.agent is not None:  # already open in this process: replay it as it stands
+            self._same_workspace(session_id, str(host.config.workspace), config)
+            history = list(host.agent.session.events)
+        else:
+            opened = self._open(lambda: self.store.open_for_resume(session_id))
+            try:
+                self._same_workspace(session_id, opened.header.cwd, config)
+            except RequestError:
+                opened.writer.close()
+                opened.lock.release()
+                raise
+            history = list(opened.events)  # repair included, already durable
+            host = await self._start(opened, config)
+            log.info("session %s: loaded (%d events, %d added by repair)", host.id, len(history), len(opened.repaired))
+        await host.replay(replay(history, host.config.workspace))
+        title = session_title(history)
+        if title:
+            host.pump.put(SessionInfoUpdate(session_update="session_info_update", title=title))
+        self._greet(host, mcp_servers)
+        await host.pump.drain()
+        return LoadSessionResponse(modes=mode_state(host.mode))
+
+    async def set_session_mode(self, mode_id: str, session_id: str, **kwargs: Any) -> SetSessionModeResponse:
+        host = self._host(session_id)
+        known = [m.id for m in mode_state(host.mode).available_modes]
+        if mode_id not in known:
+            raise error(INVALID_PARAMS, f"unknown mode {mode_id!r}; Cairn's modes are {', '.join(known)}",
+                        modeId=mode_id)
+        host.mode = mode_id
+        log.info("session %s: mode %s", host.id, mode_id)
+        host.pump.put(update_current_mode(mode_id))
+        return SetSessionModeResponse()
+
+    def observe(self, event: Any) -> None:
+        """Connection observer: once the answer to `session/new` is out, that session's held updates may follow."""
+        message = getattr(event, "message", None)
+        result = message.get("result") if isinstance(message, dict) else None
+        if getattr(event, "direction", None) == "outgoing" and isinstance(result, dict):
+            host = self.sessions.get(result.get("sessionId"))  # type: ignore[arg-type]
+            if host is not None:
+                host.pump.release()
+
+    def _greet(self, host: SessionHost, mcp_servers: list[Any] | None) -> None:
+        """What a client shows beside a fresh or reopened session: the slash commands, and a word about MCP servers
+        offered to us (Cairn cannot use them yet: said once in the thread and on stderr, never silently dropped)."""
+        host.pump.put(update_available_commands(COMMANDS))
+        if mcp_servers:
+            names = ", ".join(getattr(s, "name", "?") for s in mcp_servers)
+            log.warning("session %s: the client offered MCP servers (%s); Cairn does not support MCP servers yet, "
+                        "they are not used", host.id, names)
+            host.say(f"Cairn cannot use the MCP servers offered by the editor yet ({names}); only its own tools are "
+                     "available in this session.")
+
+    def _same_workspace(self, session_id: str, stored: str, config: Config) -> None:
+        if Path(stored).resolve() != config.workspace:
+            raise error(INVALID_PARAMS, f"session {session_id!r} belongs to {stored}, not {config.workspace}; open it "
+                        "from its own directory", sessionId=session_id, cwd=stored)
+
+    async def list_sessions(self, cwd: str | None = None, cursor: str | None = None,
+                            **kwargs: Any) -> ListSessionsResponse:
+        here = Path(cwd).resolve() if cwd else None
+        sessions = [
+            SessionInfo(
+                session_id=s.id, cwd=wire(s.cwd), title=wire(first_line(shown_prompt(s.first_prompt or ""), 80)) or None,
+                updated_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s.updated / 1000))
+                + f".{s.updated % 1000:03d}Z",
+            )
+            for s in self.store.list_sessions()
+            if s.status != "unreadable" and (here is None or Path(s.cwd).resolve() == here)
+        ]
+        return ListSessionsResponse(sessions=sessions)
+
+    async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
+        host = self._host(session_id)
+        text = prompt_text(prompt, host.config.workspace)
+        answer = self._command(host, text)
+        if answer is not None:
+            host.pump.release()
+            host.say(answer)
+            await host.pump.drain()
+            return PromptResponse(stop_reason="end_turn")
+        if host.agent is not None and not any(isinstance(e, UserMessage) for e in host.agent.session.events):
+            title = first_line(shown_prompt(text), 80)
+            if title:
+                host.pump.put(SessionInfoUpdate(session_update="session_info_update", title=wire(title)))
+        self._prompt_started()
+        try:
+            result = await host.run_turn(text)
+        finally:
+            self._prompt_ended()
+        usage = host.turn_usage(result.turn) if result is not None else None
+        return PromptResponse(stop_reason=stop_reason(result, session_id), usage=usage)
+
+    def _command(self, host: SessionHost, text: str) -> str | None:
+        """The answer to a slash command (see COMMANDS); None when `text` is a prompt for the model."""
+        name, _, rest = text.strip().partition(" ")
+        if name == "/verdict":
+            return host.record_verdict(rest.strip())
+        if name == "/usage":
+            events = host.agent.session.events if host.agent is not None else []
+            totals = usage_totals(events, USAGE_FIELDS)
+            shown = format_usage(totals)
+            return f"Tokens used in this session: {shown}." if shown else "No token usage reported in this session yet."
+        if name == "/sessions":
+            here = host.config.workspace
+            rows = [f"- `{s.id}` {format_time(s.updated)} — {first_line(shown_prompt(s.first_prompt or ''), 60) or '(empty)'}"
+                    for s in self.store.list_sessions()
+                    if s.status != "unreadable" and Path(s.cwd).resolve() == here]
+            return "\n".join([f"Cairn sessions in {here}:", *rows]) if rows else f"No Cairn sessions in {here}."
+        return None
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        host = self.sessions.get(session_id)
+        if host is not None:
+            host.cancel()
+
+    # -- lifecycle --------------------------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop every session in order (each cancels its turn and waits for its closing events, then removes its
+        policy, then closes its log), and wait until every prompt has been answered. Idempotent."""
+        self.closing = True
+        for host in list(self.sessions.values()):
+            host.stop()
+        for host in list(self.sessions.values()):
+            await host.closed.wait()
+        await self._prompts_idle.wait()
+
+    async def _start(self, opened: OpenedSession, config: Config) -> SessionHost:
+        host = SessionHost(self._conn, config, opened)
+        try:
+            if self.closing:
+                raise error(INTERNAL, "Cairn is shutting down; no new sessions")
+            await self._hosts.start(host.serve)
+        except BaseException:
+            if opened.lock.held:  # the live session never took ownership of the files: release them here
+                opened.writer.close()
+                opened.lock.release()
+            raise
+        self.sessions[host.id] = host
+        if self.closing:  # shutdown began while this session was starting: it closes with the others
+            host.stop()
+        return host
+
+    def _prompt_started(self) -> None:
+        if self._prompts == 0:
+            self._prompts_idle = anyio.Event()
+        self._prompts += 1
+
+    def _prompt_ended(self) -> None:
+        self._prompts -= 1
+        if self._prompts == 0:
+            self._prompts_idle.set()
+
+    # -- helpers ----------------------------------------------------------------------------------------------------
+
+    def _host(self, session_id: str) -> SessionHost:
+        host = self.sessions.get(session_id)
+        if host is None:
+            raise error(NOT_FOUND, f"no session {session_id!r} is open here; use session/new or session/load",
+                        sessionId=session_id)
+        return host
+
+    def _config_for(self, cwd: str) -> Config:
+        workspace = Path(cwd).expanduser()
+        if not workspace.is_absolute() or not workspace.is_dir():
+            raise error(INVALID_PARAMS, f"cwd {cwd!r} must be an absolute path to an existing directory", cwd=cwd)
+        return dataclasses.replace(self.config, workspace=workspace.resolve())
+
+    def _open(self, opener: Callable[[], OpenedSession]) -> OpenedSession:
+        try:
+            return opener()
+        except SessionNotFound as e:
+            raise error(NOT_FOUND, str(e), sessionId=e.session_id) from None
+        except (InvalidSessionId, SessionExists) as e:
+            raise error(INVALID_PARAMS, str(e)) from None
+        except SessionLocked as e:
+            raise error(INTERNAL, str(e), sessionId=e.session_id, pid=e.pid) from None
+        except PersistenceError as e:
+            raise error(INTERNAL, str(e)) from None
+
+
+def prompt_text(blocks: list[Any], workspace: Path) -> str:
+    """The prompt as the model will read it. Text and resource links are what every agent must accept: a `file://` link
+    becomes the file's path in the workspace (what `read_file` opens; a link outside it is refused); a text resource
+    sent although embedded context is not advertised is inlined between markers a replay folds back to its name; a
+    binary one is named, never inlined; images and audio are refused."""
+    parts: list[str] = []
+    for block in blocks:
+        if isinstance(block, TextContentBlock):
+            parts.append(block.text)
+        elif isinstance(block, ResourceContentBlock):
+            parts.append(link_text(block.name, block.uri, workspace))
+        elif isinstance(block, EmbeddedResourceContentBlock):
+            resource = block.resource
+            uri = resource.uri.replace('"', "%22").replace("\n", "%0A")
+            if isinstance(resource, TextResourceContents) and not looks_binary(resource.text):
+                parts.append(f'\n<attached-file uri="{uri}">\n{resource.text}\n</attached-file>\n')
+            else:
+                parts.append(f" {attachment_name(uri)} (binary file, not included)")
+        else:
+            kind = getattr(block, "type", type(block).__name__)
+            raise error(INVALID_PARAMS, f"Cairn takes text prompts only; it cannot use a {kind!r} block")
+    text = "".join(parts)
+    if not text.strip():
+        raise error(INVALID_PARAMS, "the prompt is empty")
+    return text
+
+
+def link_text(name: str, uri: str, workspace: Path) -> str:
+    """A resource link as the model should read it: a workspace path for a local file, the link itself otherwise."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        return f"[{name}]({uri})"
+    target = os.path.realpath(unquote(parsed.path))
+    root = os.path.realpath(workspace)
+    if target != root and not target.startswith(root.rstrip("/") + "/"):
+        raise error(INVALID_PARAMS, f"the linked file {unquote(parsed.path)} is outside this session's workspace "
+                    f"{root}; Cairn's tools only reach files inside it", uri=uri)
+    return f"`{os.path.relpath(target, root)}`"
+
+
+def stop_reason(result: TurnResult | None, session_id: str) -> StopReason:
+    """See the module docstring for why an error is a JSON-RPC error and not a stop reason."""
+    if result is None or result.reason == "cancelled":
+        return "cancelled"
+    if result.reason == "completed":
+        return "end_turn"
+    assert result.error is not None
+    if result.error.code == "MAX_STEPS":
+        return "max_turn_requests"
+    if result.error.code == MAX_TOKENS:
+        return "max_tokens"
+    raise error(INTERNAL, f"the turn ended in error: {result.error.message}", code=result.error.code,
+                turn=result.turn, sessionId=session_id)
