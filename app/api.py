@@ -13,6 +13,10 @@
 `resume="ID"` reopens a session (repairing a crashed turn first; `session.session.repaired` lists what repair added)
 and continues with the provider and model of its last request unless `provider=`/`model=` (or CAIRN_PROVIDER /
 CAIRN_MODEL) choose others; `approve=True` allows every tool call, or pass an async callable `(ApprovalRequest) -> decision`.
+
+Provider settings come as with the CLI (option, then environment, then the config file's profile, then defaults):
+`profile="deepseek"` picks a profile of the config file (`config_file=` names another file), or pass them explicitly,
+`provider="anthropic", base_url=…, api_key=…, model=…` (a key given here is used, never stored or shown).
 """
 
 from __future__ import annotations
@@ -41,13 +45,16 @@ async def open_session(
     backend: str | None = None,
     base_url: str | None = None,
     max_tokens: int | None = None,
+    profile: str | None = None,
+    config_file: str | None = None,
+    api_key: str | None = None,
     approve: bool | Approver = False,
     report: Callable[[str], None] | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) a session; leaving the block cancels any running turn and closes the session durably."""
     config = resolve_config(
         home=home, backend=backend, provider=provider, model=model, script=script, workspace=workspace,
-        base_url=base_url, max_tokens=max_tokens,
+        base_url=base_url, max_tokens=max_tokens, profile=profile, config_file=config_file, api_key=api_key,
     )
     approver = approve if callable(approve) else headless_approver(bool(approve))
     async with open_agent(config, session_id=session_id, resume=resume, approver=approver, report=report) as agent:

@@ -19,25 +19,39 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from cairn.persistence.store import BACKENDS
 
-PROVIDERS = ("demo", "script", "openai")
+PROVIDERS = ("demo", "script", "openai", "anthropic")
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_MAX_RETRIES = 4
+DEFAULT_TIMEOUT = 120.0
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
+# where each provider looks for its key when neither CAIRN_API_KEY nor the profile's api_key_env gives one
+PROVIDER_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+# settings a profile gives that only make sense for that profile's provider and endpoint: a resumed session that
+# continues with another provider does not take them
+ENDPOINT_SETTINGS = ("base_url", "api_key_env", "api_key_header", "headers", "extra_body", "tool_choice",
+                     "parallel_tool_calls", "reasoning_effort", "thinking_budget", "include_usage")
 
 
 class ConfigError(ValueError):
-    """A bad option or environment value; exit code 2."""
+    """A bad option, environment value or config file; exit code 2."""
 
 
 def default_home() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("cairn", appauthor=False))
+
+
+def default_config_path() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("cairn", appauthor=False)) / "config.toml"
 
 
 @dataclass
@@ -50,16 +64,34 @@ class Config:
     workspace: Path
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
-    timeout: float = 120.0  # seconds; 0 = no limit on waiting for the answer
+    # postgres backend: a libpq URL; it may hold a password, so it is never printed (describe_database_url)
+    database_url: str | None = field(default=None, repr=False)
+    timeout: float = DEFAULT_TIMEOUT  # seconds; 0 = no limit on waiting for the answer
     demo_delay: float = 0.02
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_retries: int = DEFAULT_MAX_RETRIES
     temperature: float | None = None
     top_p: float | None = None
     reasoning_effort: str | None = None
-    # whether provider / model were chosen by an option or variable: a resumed session keeps its own otherwise
+    # whether provider / model were chosen by an option or variable (or a profile chosen by one): a resumed session
+    # keeps its own otherwise
     provider_explicit: bool = False
     model_explicit: bool = False
+    # rev 2: the config file and the profile these settings came from, and the profile-only settings
+    config_file: Path | None = None
+    profile: str | None = None
+    api_key_env: str | None = None  # the variable the key was (or would have been) read from
+    api_key_header: str | None = None  # authorization (Bearer, default) | api-key (Azure) | x-api-key
+    headers: dict[str, str] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    include_usage: bool = True
+    context_window: int | None = None
+    thinking_budget: int | None = None
+    # setting -> where its value came from: "flag --model", "env CAIRN_MODEL", "profile NAME", "default"
+    sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
 
 def resolve_config(
@@ -72,60 +104,212 @@ def resolve_config(
     workspace: str | None = None,
     base_url: str | None = None,
     max_tokens: int | str | None = None,
+    database_url: str | None = None,
+    profile: str | None = None,
+    config_file: str | None = None,
+    api_key: str | None = None,
     env: Mapping[str, str] | None = None,
     runs_model: bool = True,
 ) -> Config:
+    """The effective configuration. Precedence for every setting: an option (flag or API argument), then its
+    environment variable, then the chosen profile of the config file, then the default.
+
+    The profile is `profile` (--profile), else CAIRN_PROFILE, else the file's `default_profile`. The file is
+    `config_file` (--config), else CAIRN_CONFIG, else the user config dir's cairn/config.toml (absent is fine there,
+    not when named). When `env` is given (tests, embedders) instead of the process environment, only a file it names
+    with CAIRN_CONFIG is read. Commands that never run a model (`runs_model=False`) read no file at all."""
+    real_env = env is None
     env = os.environ if env is None else env
-    home_path = Path(home or env.get("CAIRN_HOME") or default_home()).expanduser()
-    backend = backend or env.get("CAIRN_BACKEND") or "jsonl"
+    sources: dict[str, str] = {}
+    if home:
+        home_path, sources["home"] = Path(home), "flag --home"
+    elif env.get("CAIRN_HOME"):
+        home_path, sources["home"] = Path(env["CAIRN_HOME"]), "env CAIRN_HOME"
+    else:
+        home_path, sources["home"] = default_home(), "default"
+    home_path = home_path.expanduser()
+    backend, sources["backend"] = _first((backend, "flag --backend"), (env.get("CAIRN_BACKEND"), "env CAIRN_BACKEND"),
+                                         ("jsonl", "default"))
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r} (--backend / CAIRN_BACKEND); choose one of: {', '.join(BACKENDS)}")
+    database_url, sources["database_url"] = _first(
+        (database_url, "flag --database-url"), (env.get("CAIRN_DATABASE_URL"), "env CAIRN_DATABASE_URL"), (None, "default")
+    )
+    if backend == "postgres":
+        check_database_url(database_url)
     ws = Path(workspace or ".").expanduser()
     if not ws.is_dir():
         raise ConfigError(f"workspace {ws} is not a directory")
-    config = Config(home=home_path, backend=backend, provider="demo", model=None, script=None, workspace=ws.resolve())
+    sources["workspace"] = "flag --workspace" if workspace else "default"
+    config = Config(home=home_path, backend=backend, provider="demo", model=None, script=None, workspace=ws.resolve(),
+                    database_url=database_url, sources=sources, env=env)
     if not runs_model:
         return config
 
-    api_key = env.get("CAIRN_API_KEY") or env.get("OPENAI_API_KEY") or None
-    chosen = provider or env.get("CAIRN_PROVIDER") or None
+    file, sources["config_file"] = _load_file(config_file, env, real_env)
+    chosen_profile, sources["profile"] = _choose_profile(file, profile, env)
+    picker = _Picker(env, sources, chosen_profile)
+    explicit_profile = chosen_profile is not None and sources.get("profile", "").startswith(("flag", "env"))
+
+    chosen = picker.pick("provider", provider, "--provider", "CAIRN_PROVIDER")
     if chosen is not None and chosen not in PROVIDERS:
         raise ConfigError(f"unknown provider {chosen!r} (--provider / CAIRN_PROVIDER); choose one of: {', '.join(PROVIDERS)}")
-    chosen_model = model or env.get("CAIRN_MODEL") or None
-    url = base_url or env.get("CAIRN_BASE_URL") or None
-    if url is not None:
+    provider_from = sources["provider"]
+    if chosen is None:
+        has_key = bool(api_key or env.get("CAIRN_API_KEY") or env.get("OPENAI_API_KEY"))
+        chosen = "openai" if has_key else "demo"
+        sources["provider"] = "default (a key is set)" if has_key else "default (no key set)"
+    chosen_model = picker.pick("model", model, "--model", "CAIRN_MODEL")
+    url = picker.pick("base_url", base_url, "--base-url", "CAIRN_BASE_URL")
+    if url is not None and sources["base_url"] != f"profile {picker.profile_name}":
         check_base_url(url, "--base-url" if base_url else "CAIRN_BASE_URL")
-    return dataclasses.replace(
+    config = dataclasses.replace(
         config,
-        provider=chosen or ("openai" if api_key else "demo"),
-        provider_explicit=chosen is not None,
+        config_file=file.path if file else None,
+        profile=chosen_profile.name if chosen_profile else None,
+        provider=chosen,
+        provider_explicit=provider_from.startswith(("flag", "env")) or (explicit_profile and provider_from != "default"),
         model=chosen_model,
-        model_explicit=chosen_model is not None,
-        script=script or env.get("CAIRN_SCRIPT") or None,
+        model_explicit=sources["model"].startswith(("flag", "env")) or (explicit_profile and chosen_model is not None),
+        script=picker.pick("script", script, "--script", "CAIRN_SCRIPT"),
         base_url=url,
-        api_key=api_key,
-        timeout=_number(env, "CAIRN_TIMEOUT", 120.0, low=0.0),
+        timeout=picker.pick("timeout", None, "", "CAIRN_TIMEOUT", DEFAULT_TIMEOUT, _parse_number(0.0)),
         demo_delay=_number(env, "CAIRN_DEMO_DELAY_MS", 20.0, low=0.0) / 1000,
-        max_tokens=_max_tokens(max_tokens, env),
-        max_retries=_integer(env.get("CAIRN_MAX_RETRIES"), "CAIRN_MAX_RETRIES", DEFAULT_MAX_RETRIES, low=0, high=100),
-        temperature=_number(env, "CAIRN_TEMPERATURE", None, low=0.0, high=2.0),
-        top_p=_number(env, "CAIRN_TOP_P", None, low=0.0, high=1.0),
-        reasoning_effort=_word(env, "CAIRN_REASONING_EFFORT"),
+        max_tokens=picker.pick("max_tokens", max_tokens, "--max-tokens", "CAIRN_MAX_TOKENS", DEFAULT_MAX_TOKENS,
+                               lambda raw, name: _integer(raw, name, DEFAULT_MAX_TOKENS, low=1)),
+        max_retries=picker.pick("max_retries", None, "", "CAIRN_MAX_RETRIES", DEFAULT_MAX_RETRIES,
+                                lambda raw, name: _integer(raw, name, DEFAULT_MAX_RETRIES, low=0, high=100)),
+        temperature=picker.pick("temperature", None, "", "CAIRN_TEMPERATURE", None, _parse_number(0.0, 2.0)),
+        top_p=picker.pick("top_p", None, "", "CAIRN_TOP_P", None, _parse_number(0.0, 1.0)),
+        reasoning_effort=picker.pick("reasoning_effort", None, "", "CAIRN_REASONING_EFFORT", None, _parse_word),
     )
+    for name, default in (("api_key_header", None), ("headers", {}), ("extra_body", {}), ("tool_choice", None),
+                          ("parallel_tool_calls", None), ("include_usage", True), ("context_window", None),
+                          ("thinking_budget", None), ("api_key_env", None)):
+        setattr(config, name, picker.pick(name, None, "", None, default))
+    return with_api_key(config, api_key)
+
+
+def with_api_key(config: Config, option: str | None = None) -> Config:
+    """Read the key for `config.provider`: the option (API argument), else CAIRN_API_KEY, else the profile's
+    `api_key_env`, else the provider's own variable (OPENAI_API_KEY, ANTHROPIC_API_KEY)."""
+    env = config.env
+    default_variable = PROVIDER_KEY_VARIABLES.get(config.provider)
+    if option:
+        key, variable, source = option, config.api_key_env or default_variable, "option api_key"
+    elif env.get("CAIRN_API_KEY"):
+        key, variable, source = env["CAIRN_API_KEY"], "CAIRN_API_KEY", "env CAIRN_API_KEY"
+    elif config.api_key_env:
+        variable = config.api_key_env
+        key, source = env.get(variable) or None, f"env {variable} ({config.sources.get('api_key_env', 'profile')})"
+    elif default_variable:
+        variable = default_variable
+        key, source = env.get(variable) or None, f"env {variable}"
+    else:
+        key, variable, source = None, None, "not used"
+    config.sources["api_key"] = source if key or source == "not used" else f"{source}: not set"
+    return dataclasses.replace(config, api_key=key or None, api_key_env=variable)
+
+
+class _Picker:
+    """One setting's value by precedence (option, variable, profile, default), noting where it came from."""
+
+    def __init__(self, env: Mapping[str, str], sources: dict[str, str], profile: Any) -> None:
+        self.env = env
+        self.sources = sources
+        self.settings: dict[str, Any] = profile.settings if profile is not None else {}
+        self.profile_name = profile.name if profile is not None else None
+
+    def pick(self, name: str, option: Any, flag: str, variable: str | None, default: Any = None,
+             parse: Callable[[Any, str], Any] | None = None) -> Any:
+        if option is not None and option != "":
+            self.sources[name] = f"flag {flag}" if flag else "option"
+            return parse(option, flag) if parse else option
+        raw = self.env.get(variable) if variable else None
+        if raw is not None and raw.strip() != "":
+            self.sources[name] = f"env {variable}"
+            return parse(raw, variable) if parse else raw
+        if name in self.settings:
+            self.sources[name] = f"profile {self.profile_name}"
+            value = self.settings[name]
+            return dict(value) if isinstance(value, dict) else value
+        self.sources[name] = "default"
+        return dict(default) if isinstance(default, dict) else default
+
+
+def _first(*candidates: tuple[Any, str]) -> tuple[Any, str]:
+    for value, source in candidates:
+        if value:
+            return value, source
+    return None, "default"
+
+
+def _load_file(option: str | None, env: Mapping[str, str], real_env: bool):  # -> (ConfigFile | None, source)
+    from .config_file import ConfigFileError, read_config_file
+
+    if option:
+        path, named = Path(option).expanduser(), "--config"
+    elif env.get("CAIRN_CONFIG"):
+        path, named = Path(env["CAIRN_CONFIG"]).expanduser(), "CAIRN_CONFIG"
+    elif real_env:
+        path, named = default_config_path(), None
+        if not path.exists():
+            return None, "default (absent)"
+    else:
+        return None, "default (not read: a given environment without CAIRN_CONFIG)"
+    source = "flag --config" if named == "--config" else "env CAIRN_CONFIG" if named else "default"
+    try:
+        return read_config_file(path), source
+    except ConfigFileError as e:
+        message = str(e)
+        if named and "does not exist" in message:
+            message += f" (named by {named}); create it or fix the path"
+        raise ConfigError(message) from None
+
+
+def _choose_profile(file: Any, option: str | None, env: Mapping[str, str]):  # -> (Profile | None, source)
+    from .config_file import ConfigFileError
+
+    if option:
+        name, how = option, "--profile"
+    elif env.get("CAIRN_PROFILE"):
+        name, how = env["CAIRN_PROFILE"], "CAIRN_PROFILE"
+    elif file is not None and file.default_profile:
+        name, how = file.default_profile, "default_profile"
+    else:
+        return None, "default"
+    if file is None:
+        raise ConfigError(
+            f"{how} names the profile {name!r}, but there is no config file "
+            f"(looked for {env.get('CAIRN_CONFIG') or default_config_path()}; --config FILE or CAIRN_CONFIG names one)"
+        )
+    try:
+        profile = file.profile(name, how)
+    except ConfigFileError as e:
+        raise ConfigError(str(e)) from None
+    return profile, ("flag --profile" if how == "--profile" else "env CAIRN_PROFILE" if how == "CAIRN_PROFILE"
+                     else "config file default_profile")
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None, low: float, high: float | None = None):
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < low or (high is not None and value > high):
-        limits = f"between {low:g} and {high:g}" if high is not None else f"a number >= {low:g}"
-        raise ConfigError(f"{name} must be {limits}, not {raw.strip()[:40]!r}")
-    return value
+    return _parse_number(low, high)(raw, name)
+
+
+def _parse_number(low: float, high: float | None = None) -> Callable[[Any, str], float]:
+    def parse(raw: Any, name: str) -> float:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value) or value < low or (high is not None and value > high):
+            limits = f"between {low:g} and {high:g}" if high is not None else f"a number >= {low:g}"
+            raise ConfigError(f"{name} must be {limits}, not {str(raw).strip()[:40]!r}")
+        return value
+
+    return parse
 
 
 def _integer(raw: Any, name: str, default: int, low: int, high: int | None = None) -> int:
@@ -142,19 +326,36 @@ def _integer(raw: Any, name: str, default: int, low: int, high: int | None = Non
     return value
 
 
-def _max_tokens(option: int | str | None, env: Mapping[str, str]) -> int:
-    if option is not None:
-        return _integer(option, "--max-tokens", DEFAULT_MAX_TOKENS, low=1)
-    return _integer(env.get("CAIRN_MAX_TOKENS"), "CAIRN_MAX_TOKENS", DEFAULT_MAX_TOKENS, low=1)
-
-
-def _word(env: Mapping[str, str], name: str) -> str | None:
-    raw = (env.get(name) or "").strip()
-    if not raw:
-        return None
+def _parse_word(raw: Any, name: str) -> str:
+    raw = str(raw).strip()
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", raw):
         raise ConfigError(f"{name} must be a single word such as low, medium or high, not {raw[:40]!r}")
     return raw
+
+
+def check_database_url(url: str | None) -> None:
+    """The postgres backend needs a libpq URL (or key=value conninfo); the message never repeats it (it may hold a
+    password)."""
+    if not url or not url.strip():
+        raise ConfigError("the postgres backend needs a database: pass --database-url or set CAIRN_DATABASE_URL, "
+                          "e.g. postgresql://cairn@db.example:5432/cairn")
+    if "://" in url and not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("--database-url / CAIRN_DATABASE_URL must be a postgresql:// URL, "
+                          "e.g. postgresql://cairn@db.example:5432/cairn")
+
+
+def describe_database_url(url: str | None) -> str | None:
+    """The database URL as it may be shown: scheme, host, port and database; never the user's password or options."""
+    if not url:
+        return None
+    parts = urlsplit(url) if "://" in url else None
+    if parts is None:
+        return "(a key=value connection string)"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path}"
 
 
 def check_base_url(url: str, name: str) -> None:
@@ -195,8 +396,10 @@ def last_request_header(events: Iterable[Any]) -> Any | None:
 
 def config_for_session(config: Config, events: Iterable[Any]) -> Config:
     """The config a resumed session continues with: the provider and model of its last `request/header`, unless an
-    option or variable chose them. The session's model is kept only while its provider is (a model name means nothing
-    to another provider)."""
+    option or variable chose them (a profile chosen with --profile / CAIRN_PROFILE counts as chosen; the file's
+    `default_profile` does not). The session's model is kept only while its provider is (a model name means nothing
+    to another provider). Continuing with another provider than the profile's drops the profile's endpoint settings
+    (base URL, key variable, headers, …): they belong to that profile's server, not to the session's."""
     header = last_request_header(events)
     if header is None:
         return config
@@ -214,7 +417,19 @@ def config_for_session(config: Config, events: Iterable[Any]) -> Config:
             "this session used the script provider: pass --script FILE or set CAIRN_SCRIPT to continue it "
             "(or choose another provider with --provider)"
         )
-    return dataclasses.replace(config, provider=provider, model=model)
+    if provider == config.provider:
+        return dataclasses.replace(config, model=model)
+    resumed = dataclasses.replace(config, provider=provider, model=model, sources=dict(config.sources))
+    defaults = Config(home=config.home, backend=config.backend, provider=provider, model=None, script=None,
+                      workspace=config.workspace)
+    for name in ENDPOINT_SETTINGS:
+        if resumed.sources.get(name, "").startswith("profile"):
+            setattr(resumed, name, getattr(defaults, name))
+            resumed.sources[name] = "default (the session's provider is not the profile's)"
+    resumed.sources["provider"] = "the resumed session"
+    if resumed.sources.get("api_key_env", "").startswith("default"):
+        resumed.api_key_env = None
+    return with_api_key(resumed)
 
 
 def provider_secrets(provider: Any) -> list[str]:
@@ -222,8 +437,23 @@ def provider_secrets(provider: Any) -> list[str]:
     return [s for s in getattr(provider, "secrets", None) or [] if s]
 
 
+def database_secrets(url: str | None) -> list[str]:
+    """The password in a database URL (postgres backend): scrubbed from events like a provider key."""
+    if not url:
+        return []
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return []
+    return [p for p in {password, unquote(password or "")} if p]
+
+
 def make_provider(config: Config):  # -> Provider
-    """Build the configured provider; imports only what that provider needs (keeps headless start-up fast)."""
+    """Build the configured provider; imports only what that provider needs (keeps headless start-up fast).
+
+    A missing key for a hosted endpoint, and proxy settings httpx cannot use, are configuration errors (exit 2)."""
     if config.provider == "demo":
         from .providers.demo import DemoProvider
 
@@ -237,29 +467,74 @@ def make_provider(config: Config):  # -> Provider
             return ScriptProvider(config.script, config.model)
         except ScriptError as e:
             raise ConfigError(str(e)) from None
-    from .providers.openai import DEFAULT_BASE_URL, OpenAIProvider, redact_url
+    if config.provider == "anthropic":
+        from .providers import anthropic as module
 
-    url = config.base_url or DEFAULT_BASE_URL
-    if not config.api_key and not is_local_url(url):
-        raise ConfigError(
-            f"the openai provider needs an API key for {redact_url(url)}: set CAIRN_API_KEY (or OPENAI_API_KEY), "
-            "or point CAIRN_BASE_URL at a local server"
-        )
-    return OpenAIProvider(
-        config.model or DEFAULT_OPENAI_MODEL,
-        base_url=config.base_url,
-        api_key=config.api_key,
-        timeout=config.timeout,
-        **openai_parameters(config),
+        cls, default_model = module.AnthropicProvider, DEFAULT_ANTHROPIC_MODEL
+        extra: dict[str, Any] = {"thinking_budget": config.thinking_budget}
+    else:
+        from .providers import openai as module
+
+        cls, default_model = module.OpenAIProvider, DEFAULT_OPENAI_MODEL
+        extra = {"include_usage": config.include_usage}
+    _require_key(config, config.base_url or module.DEFAULT_BASE_URL)
+    return _build(lambda: cls(
+        config.model or default_model, base_url=config.base_url, api_key=config.api_key, timeout=config.timeout,
+        **extra, **provider_parameters(config),
+    ))
+
+
+def _require_key(config: Config, url: str) -> None:
+    from .providers.openai import redact_url
+
+    if config.api_key or is_local_url(url):
+        return
+    variable = config.api_key_env or PROVIDER_KEY_VARIABLES.get(config.provider, "CAIRN_API_KEY")
+    if config.sources.get("api_key_env", "").startswith("profile"):
+        where = f"set {variable} (named by api_key_env in profile {config.profile})"
+    elif config.provider == "openai":
+        where = "set CAIRN_API_KEY (or OPENAI_API_KEY)"
+    else:
+        where = f"set {variable} (or CAIRN_API_KEY)"
+    raise ConfigError(
+        f"the {config.provider} provider needs an API key for {redact_url(url)}: {where}, "
+        "or point --base-url / CAIRN_BASE_URL at a local server"
     )
 
 
-def openai_parameters(config: Config) -> dict[str, Any]:
+def _build(construct: Callable[[], Any]) -> Any:
+    """Construct a provider; its HTTP client reads the proxy variables, and one it cannot use is a configuration
+    error naming them (never the proxy URL itself: it may carry credentials)."""
+    try:
+        return construct()
+    except (ValueError, ImportError) as e:
+        text = str(e)
+        if "proxy" not in text.lower() and "socks" not in text.lower():
+            raise
+        names = [n for n in ("ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
+                 if os.environ.get(n)]
+        raise ConfigError(
+            f"the proxy in {' / '.join(names) or 'the proxy variables'} cannot be used: "
+            + ("install SOCKS support (pip install 'httpx[socks]')" if "socksio" in text
+               else "use an http://, https:// or socks5:// proxy URL")
+        ) from None
+
+
+def provider_parameters(config: Config) -> dict[str, Any]:
     """The model parameters given to the provider: max_tokens always, the others only when set (unset ones are not
     sent to the server)."""
     params: dict[str, Any] = {"max_tokens": config.max_tokens}
-    for name in ("temperature", "top_p", "reasoning_effort"):
+    for name in ("temperature", "top_p", "reasoning_effort", "tool_choice", "parallel_tool_calls"):
         value = getattr(config, name)
         if value is not None:
             params[name] = value
+    if config.headers:
+        params["extra_headers"] = dict(config.headers)
+    if config.extra_body:
+        params["extra_body"] = dict(config.extra_body)
+    if config.api_key_header:
+        params["api_key_header"] = config.api_key_header
     return params
+
+
+openai_parameters = provider_parameters  # the rev 2 name, kept for callers

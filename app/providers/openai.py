@@ -6,8 +6,9 @@ Decisions worth knowing:
 - `stream()` is an async generator: calling it contacts nothing; the HTTP request starts on first iteration (the
   pre-request barrier relies on this). The `httpx.AsyncClient` is built in the constructor, because building it (TLS
   context, certificates) cost the first request of a session ~40 ms; building it opens no connection.
-- The API key is sent only as `Authorization: Bearer <key>` (no header when there is no key, as local servers need
-  none) and is scrubbed (replaced by `***`) from every error message, since servers may echo request details.
+- The API key is sent only as `Authorization: Bearer <key>`, or as the raw key in the header `api_key_header` names
+  (Azure's `api-key`); no header when there is no key, as local servers need none. The key is scrubbed (replaced
+  by `***`) from every error message, since servers may echo request details.
   Credentials inside the base URL (userinfo, key-like query parameters) are used as given (httpx sends userinfo as
   Basic auth) but never shown: `redact_url()` hides them in every message and in `repr`, and `secrets` lists every
   secret string so the composition can scrub them from the log too.
@@ -276,8 +277,11 @@ class OpenAIProvider:
         include_usage: bool = True,
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
+        api_key_header: str | None = None,
     ) -> None:
         self.model = model
+        # where the key goes: `Authorization: Bearer` (default), or the raw key in another header (Azure's `api-key`)
+        self.api_key_header = (api_key_header or "authorization").lower()
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._shown_url = redact_url(self.base_url)
         self._api_key = api_key or None
@@ -352,8 +356,10 @@ class OpenAIProvider:
             "Accept": "text/event-stream",
             "User-Agent": "cairn",
         }
-        if self._api_key:
+        if self._api_key and self.api_key_header == "authorization":
             headers["Authorization"] = f"Bearer {self._api_key}"
+        elif self._api_key:
+            headers[self.api_key_header] = self._api_key
         headers.update({str(k): str(v) for k, v in self.extra_headers.items()})
         return headers
 

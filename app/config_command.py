@@ -1,0 +1,97 @@
+"""`cairn config [--json]`: the effective configuration, each setting with its value and where it came from (flag,
+environment variable, config file profile, default). Secrets are shown as `***`; nothing is contacted, so it works
+with no provider reachable (and says when a key is missing instead of failing on it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .config import (
+    DEFAULT_ANTHROPIC_MODEL,
+    DEFAULT_OPENAI_MODEL,
+    Config,
+    default_config_path,
+    describe_database_url,
+)
+from .exit_codes import EXIT_OK
+from .terminal_text import safe_text
+
+DEFAULT_MODELS = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC_MODEL}
+DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+REMOTE_ONLY = ("base_url", "api_key", "api_key_env", "api_key_header", "headers", "extra_body", "tool_choice",
+               "parallel_tool_calls", "include_usage", "thinking_budget", "reasoning_effort", "temperature", "top_p",
+               "max_tokens", "timeout", "max_retries", "context_window")
+
+
+def settings(config: Config) -> list[tuple[str, Any, str]]:
+    """(name, shown value, source) for every setting, secrets masked."""
+    from .providers.openai import _is_secret_name, redact_url
+
+    src = config.sources
+    rows: list[tuple[str, Any, str]] = []
+    file = config.config_file
+    if file is not None:
+        rows.append(("config_file", str(file), src.get("config_file", "default")))
+    else:
+        rows.append(("config_file", None, f"{src.get('config_file', 'default')}: {default_config_path()}"))
+    rows += [
+        ("profile", config.profile, src.get("profile", "default")),
+        ("home", str(config.home), src.get("home", "default")),
+        ("backend", config.backend, src.get("backend", "default")),
+    ]
+    if config.backend == "postgres" or config.database_url:
+        rows.append(("database_url", describe_database_url(config.database_url), src.get("database_url", "default")))
+    rows += [
+        ("workspace", str(config.workspace), src.get("workspace", "default")),
+        ("provider", config.provider, src.get("provider", "default")),
+    ]
+    model = config.model or DEFAULT_MODELS.get(config.provider)
+    rows.append(("model", model, src.get("model", "default") if config.model else "default"))
+    if config.provider == "script":
+        rows.append(("script", config.script, src.get("script", "default")))
+    if config.provider not in ("openai", "anthropic"):
+        return rows
+    url = config.base_url or DEFAULT_URLS[config.provider]
+    rows.append(("base_url", redact_url(url), src.get("base_url", "default")))
+    rows.append(("api_key", "***" if config.api_key else None, src.get("api_key", "default")))
+    rows.append(("api_key_header", config.api_key_header or ("x-api-key" if config.provider == "anthropic"
+                                                              else "authorization"), src.get("api_key_header", "default")))
+    headers = {k: ("***" if _is_secret_name(k) or "key" in k.lower() or "token" in k.lower() else v)
+               for k, v in config.headers.items()}
+    for name, value in (
+        ("max_tokens", config.max_tokens), ("timeout", config.timeout), ("max_retries", config.max_retries),
+        ("temperature", config.temperature), ("top_p", config.top_p), ("reasoning_effort", config.reasoning_effort),
+        ("thinking_budget", config.thinking_budget), ("tool_choice", config.tool_choice),
+        ("parallel_tool_calls", config.parallel_tool_calls), ("include_usage", config.include_usage),
+        ("context_window", config.context_window), ("headers", headers or None),
+        ("extra_body", config.extra_body or None),
+    ):
+        rows.append((name, value, src.get(name, "default")))
+    return rows
+
+
+def config_command(args: argparse.Namespace, config: Config) -> int:
+    rows = settings(config)
+    if args.json:
+        out = {name: {"value": value, "source": source} for name, value, source in rows}
+        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+        return EXIT_OK
+    width = max(len(name) for name, _, _ in rows)
+    shown = [(name, _show(value)) for name, value, _ in rows]
+    value_width = min(max(len(v) for _, v in shown), 48)
+    for (name, value), (_, _, source) in zip(shown, rows):
+        print(safe_text(f"{name.ljust(width)}  {value.ljust(value_width)}  {source}"))
+    return EXIT_OK
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)

@@ -1,0 +1,286 @@
+"""The configuration file (SPEC §7 rev 2): named profiles of provider settings, read with stdlib `tomllib`.
+
+    default_profile = "deepseek"
+
+    [profiles.deepseek]
+    provider = "openai"
+    base_url = "https://api.deepseek.com"
+    api_key_env = "DEEPSEEK_API_KEY"
+    model = "deepseek-chat"
+
+Everything in the file is checked when it is read: a key Cairn does not know (usually a typo) or a value of the wrong
+kind is a `ConfigError` naming the file, the line and the key, never silently ignored — a misspelt `max_tokens` that
+did nothing would be worse than an error. Keys are never read from the file (it is the kind of file people share,
+commit and paste into issues): `api_key = …`, or an authorization header with a literal value, is refused with a
+message naming `api_key_env`, which says which environment variable holds the key.
+
+This module reads no environment and imports nothing heavy; `app/config.py` decides precedence.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+PROVIDER_NAMES = ("openai", "anthropic", "demo", "script")
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"})
+KEY_HEADERS = ("authorization", "api-key", "x-api-key")  # where a profile may ask the key to be sent
+MAX_FILE_BYTES = 1024 * 1024
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be used; the message is one line naming the file (and line and key when known)."""
+
+
+@dataclass
+class Profile:
+    name: str
+    settings: dict[str, Any]  # validated values, only the keys the file sets
+
+
+@dataclass
+class ConfigFile:
+    path: Path
+    default_profile: str | None = None
+    profiles: dict[str, Profile] = field(default_factory=dict)
+
+    def profile(self, name: str, how: str) -> Profile:
+        """The profile called `name`; `how` says who asked for it (for the error)."""
+        found = self.profiles.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.profiles)) or "none"
+            raise ConfigFileError(f"{how} names the profile {name!r}, which {self.path} does not define (profiles: {known})")
+        return found
+
+
+# ---------------------------------------------------------------------------------------------------- value checks
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty string")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of: {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def _integer(low: int, high: int | None = None) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+            raise ValueError(f"must be a whole number from {low} to {high}" if high else f"must be a whole number >= {low}")
+        return value
+
+    return check
+
+
+def _number(low: float, high: float | None = None) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < low or (high is not None and value > high):
+            limits = f"from {low:g} to {high:g}" if high is not None else f">= {low:g}"
+            raise ValueError(f"must be a number {limits}")
+        return float(value)
+
+    return check
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def _word(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", value):
+        raise ValueError("must be a single word such as low, medium or high")
+    return value
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", value):
+        raise ValueError("must be the name of an environment variable, e.g. \"DEEPSEEK_API_KEY\"")
+    return value
+
+
+def _url(value: Any) -> str:
+    from .config import ConfigError, check_base_url
+
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    try:
+        check_base_url(value, "base_url")
+    except ConfigError as e:
+        raise ValueError(str(e).removeprefix("base_url ")) from None
+    return value
+
+
+def _headers(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError("must be a table of header names to string values, e.g. { \"X-Title\" = \"cairn\" }")
+    for name in value:
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+            raise ValueError(f"has a header name that is not valid: {name[:40]!r}")
+        if name.lower() in SECRET_HEADERS:
+            raise ValueError(
+                f"must not carry {name}: keys are never read from the config file (it gets shared and committed); "
+                "name the variable that holds the key with api_key_env (and api_key_header for where it goes)"
+            )
+    return dict(value)
+
+
+def _table(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("must be a table, e.g. { top_k = 20 }")
+    return dict(value)
+
+
+def _tool_choice(value: Any) -> str | dict[str, Any]:
+    if isinstance(value, dict):
+        return dict(value)
+    return _choice("auto", "none", "required")(value)
+
+
+PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {
+    "provider": _choice(*PROVIDER_NAMES),
+    "base_url": _url,
+    "api_key_env": _env_name,
+    "api_key_header": _choice(*KEY_HEADERS),
+    "model": _text,
+    "script": _text,
+    "max_tokens": _integer(1),
+    "context_window": _integer(1),
+    "temperature": _number(0.0, 2.0),
+    "top_p": _number(0.0, 1.0),
+    "reasoning_effort": _word,
+    "thinking_budget": _integer(1024),
+    "tool_choice": _tool_choice,
+    "parallel_tool_calls": _boolean,
+    "include_usage": _boolean,
+    "headers": _headers,
+    "extra_body": _table,
+    "timeout": _number(0.0),
+    "max_retries": _integer(0, 100),
+}
+TOP_KEYS = ("default_profile", "profiles")
+REFUSED_KEYS = {
+    "api_key": "keys are never read from the config file (it gets shared and committed): put the key in an environment "
+    "variable and name it here with api_key_env = \"…\"",
+}
+REFUSED_KEYS["key"] = REFUSED_KEYS["apikey"] = REFUSED_KEYS["api-key"] = REFUSED_KEYS["api_key"]
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def read_config_file(path: Path) -> ConfigFile:
+    """Read and validate `path`. Raises ConfigFileError (one line) for anything wrong with it."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigFileError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigFileError(f"config file {path} is a directory") from None
+    except OSError as e:
+        raise ConfigFileError(f"cannot read config file {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigFileError(f"config file {path} is larger than {MAX_FILE_BYTES // 1024} KiB; is it the right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"config file {path} is not UTF-8 text") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigFileError(f"{path}: not valid TOML: {e}") from None
+    return parse_config(data, path, text)
+
+
+def parse_config(data: dict[str, Any], path: Path, text: str = "") -> ConfigFile:
+    where = _Locator(path, text)
+    for key in data:
+        if key not in TOP_KEYS:
+            hint = "; profile settings go under [profiles.NAME]" if key in PROFILE_KEYS or key in REFUSED_KEYS else ""
+            raise ConfigFileError(where.error([key], "unknown setting" + (hint or _did_you_mean(key, TOP_KEYS))))
+    result = ConfigFile(path)
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        raise ConfigFileError(where.error(["profiles"], "must be a table of [profiles.NAME] sections"))
+    for name, body in profiles.items():
+        if not isinstance(body, dict):
+            raise ConfigFileError(where.error(["profiles", name], "must be a table ([profiles.NAME] section)"))
+        settings: dict[str, Any] = {}
+        for key, value in body.items():
+            keys = ["profiles", name, key]
+            if key.lower() in REFUSED_KEYS:
+                raise ConfigFileError(where.error(keys, REFUSED_KEYS[key.lower()]))
+            check = PROFILE_KEYS.get(key)
+            if check is None:
+                raise ConfigFileError(where.error(keys, "unknown setting" + _did_you_mean(key, PROFILE_KEYS)))
+            try:
+                settings[key] = check(value)
+            except ValueError as e:
+                raise ConfigFileError(where.error(keys, str(e))) from None
+        result.profiles[name] = Profile(name, settings)
+    default = data.get("default_profile")
+    if default is not None:
+        if not isinstance(default, str) or default not in result.profiles:
+            known = ", ".join(sorted(result.profiles)) or "none defined"
+            raise ConfigFileError(where.error(["default_profile"], f"names no profile of this file (profiles: {known})"))
+        result.default_profile = default
+    return result
+
+
+def _did_you_mean(key: str, known: Any) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else f"; known settings: {', '.join(known)}"
+
+
+class _Locator:
+    """Finds the line a key was set on, for messages (tomllib gives values, not positions). Best effort: a key set in
+    an inline table or a dotted key still gets the right line when its name is on it; otherwise no line is named."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def error(self, keys: list[str], message: str) -> str:
+        line = self._line(keys)
+        dotted = ".".join(keys)
+        return f"{self.path}:{line}: {dotted}: {message}" if line else f"{self.path}: {dotted}: {message}"
+
+    def _line(self, keys: list[str]) -> int | None:
+        *tables, key = keys
+        start, end = 0, len(self.lines)
+        if tables:
+            header = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(_key_pattern(t) for t in tables) + r"\s*\]\s*(#.*)?$")
+            for i, line in enumerate(self.lines):
+                if header.match(line):
+                    start = i + 1
+                    end = next((j for j in range(start, len(self.lines)) if self.lines[j].lstrip().startswith("[")),
+                               len(self.lines))
+                    break
+        assignment = re.compile(r"(^|[\s{,.])" + _key_pattern(key) + r"\s*=")
+        for i in range(start, end):
+            if assignment.search(self.lines[i]):
+                return i + 1
+        if not tables or start == 0:
+            return None
+        return start  # the key's own line was not found: name its section
+
+
+def _key_pattern(key: str) -> str:
+    quoted = re.escape(key)
+    return f"(?:{quoted}|\"{quoted}\"|'{quoted}')"
