@@ -29,7 +29,7 @@ from .jsonl import JsonlBackend
 from .locks import SessionLock, lock_holder
 from .repair import repair_interrupted_turn
 
-BACKENDS = ("jsonl", "sqlite")
+BACKENDS = ("jsonl", "sqlite", "postgres")
 _ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
 
 
@@ -48,13 +48,25 @@ def new_session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + secrets.token_hex(3)
 
 
-def make_backend(name: str, home: Path) -> Backend:
+def make_backend(name: str, home: Path, database_url: str | None = None) -> Backend:
+    """`database_url` is for `postgres` only (default: CAIRN_DATABASE_URL, so every composition and child process that
+    was given the variable reaches the same database); psycopg is imported only when that backend is chosen."""
     if name == "jsonl":
         return JsonlBackend(home)
     if name == "sqlite":
         from .sqlite import SqliteBackend
 
         return SqliteBackend(home)
+    if name == "postgres":
+        url = database_url or os.environ.get("CAIRN_DATABASE_URL")
+        if not url:
+            raise StoreUnavailable(
+                "the postgres backend needs a database: pass --database-url or set CAIRN_DATABASE_URL "
+                "(e.g. postgresql://cairn@db.example/cairn)"
+            )
+        from .postgres import PostgresBackend
+
+        return PostgresBackend(url)
     raise PersistenceError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
 
 
@@ -90,12 +102,13 @@ class SessionSummary:
     first_prompt: str
     reason: str | None = None  # why an `unreadable` session cannot be read (None for every other status)
     usage: dict[str, int | None] | None = None  # input/output tokens summed over its answers (null: never reported)
+    size: int | None = None  # bytes the session takes in its backend (None: unknown)
 
 
 class SessionStore:
-    def __init__(self, home: Path | str, backend: Backend | str = "jsonl") -> None:
+    def __init__(self, home: Path | str, backend: Backend | str = "jsonl", database_url: str | None = None) -> None:
         self.home = Path(home)
-        self.backend = make_backend(backend, self.home) if isinstance(backend, str) else backend
+        self.backend = make_backend(backend, self.home, database_url) if isinstance(backend, str) else backend
         self.lock_dir = self.home / "locks"
 
     def _lock(self, session_id: str) -> SessionLock:
@@ -158,6 +171,21 @@ class SessionStore:
     def exists(self, session_id: str) -> bool:
         return self.backend.exists(check_session_id(session_id))
 
+    def delete(self, session_id: str) -> None:
+        """Delete a finished session: refused with SessionLocked while another process has it open."""
+        check_session_id(session_id)
+        if not self.backend.exists(session_id):
+            raise SessionNotFound(session_id)
+        lock = self._lock(session_id)
+        try:
+            self.backend.delete(session_id)
+        finally:
+            lock.release()
+        try:
+            (self.lock_dir / f"{session_id}.lock").unlink()
+        except OSError:
+            pass  # a stale lock file is harmless: the next writer takes its flock
+
     def list_sessions(self) -> list[SessionSummary]:
         """Every session, newest activity first. One that cannot be read is listed as `unreadable` with the reason;
         it never hides the others. A store that cannot be listed at all raises (it must not look empty)."""
@@ -170,7 +198,9 @@ class SessionStore:
                     raise
                 out.append(self._unreadable(session_id, e))
                 continue
-            out.append(summarize(log.header, log.events, self._holder(session_id, log) is not None))
+            summary = summarize(log.header, log.events, self._holder(session_id, log) is not None)
+            summary.size = getattr(self.backend, "size", lambda _id: None)(session_id)
+            out.append(summary)
         out.sort(key=lambda s: (s.updated, s.id), reverse=True)
         return out
 

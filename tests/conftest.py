@@ -9,3 +9,13 @@ def anyio_backend():
 @pytest.fixture(params=["jsonl", "sqlite"])
 def backend_name(request):
     return request.param
+
+
+@pytest.fixture
+def pg_database_url(monkeypatch):
+    """A private, empty PostgreSQL schema for this test, as CAIRN_DATABASE_URL (child processes inherit it)."""
+    from pg_helpers import fresh_schema
+
+    with fresh_schema() as (_schema, url):
+        monkeypatch.setenv("CAIRN_DATABASE_URL", url)
+        yield url

@@ -132,6 +132,8 @@ class Rig:
             "CAIRN_BACKEND": self.backend,
             "CAIRN_DEMO_DELAY_MS": "0",
         }
+        if self.backend == "postgres":  # the test's private schema (tests/conftest.py `pg_database_url`)
+            env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
         env.update(self.extra_env)
         env.update(extra or {})
         return env
@@ -204,6 +206,12 @@ class Rig:
         """The session's bytes as stored (to prove a reader wrote nothing)."""
         if self.backend == "jsonl":
             return (self.home / "sessions" / f"{session_id}.jsonl").read_bytes()
+        if self.backend == "postgres":
+            import psycopg
+
+            with psycopg.connect(self.env()["CAIRN_DATABASE_URL"], autocommit=True) as conn:
+                return conn.execute("SELECT seq, time, type, body FROM events WHERE session_id = %s ORDER BY seq",
+                                    (session_id,)).fetchall()
         import sqlite3
 
         conn = sqlite3.connect(f"file:{self.home / 'sessions.sqlite3'}?mode=ro", uri=True)

@@ -1,7 +1,8 @@
-"""The storage contract (SPEC §2, §4, §5), one suite run against both backends through `SessionStore` and `LiveSession`.
+"""The storage contract (SPEC §2, §4, §5), one suite run against every backend through `SessionStore` and `LiveSession`.
 
-Everything here goes through real files and a real SQLite database. Where a test needs a log that Cairn itself would
-never write (an unknown event type, a newer format), it edits storage directly: raw lines for JSONL, SQL for SQLite.
+Everything here goes through real files, a real SQLite database and a real PostgreSQL server (a private schema per
+test). Where a test needs a log that Cairn itself would never write (an unknown event type, a newer format), it edits
+storage directly: raw lines for JSONL, SQL for SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -58,6 +59,21 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(params=["jsonl", "sqlite", "postgres"])
+def backend_name(request):
+    """Every backend; `postgres` gets a private schema through CAIRN_DATABASE_URL (child processes inherit it)."""
+    if request.param == "postgres":
+        request.getfixturevalue("pg_database_url")
+    return request.param
+
+
+def pg(store: SessionStore):
+    """A plain psycopg connection to the store's PostgreSQL schema (to look at or tamper with rows)."""
+    from pg_helpers import connect_to
+
+    return connect_to(store.backend.url)
+
+
 # -- helpers -----------------------------------------------------------------------------------------------------------
 
 
@@ -112,6 +128,13 @@ def stored_bytes(store: SessionStore, session_id: str) -> tuple[bytes, ...]:
     empty WAL are the same state; a read-only connection may leave an empty one)."""
     if store.backend.name == "jsonl":
         return (store.backend.path(session_id).read_bytes(),)
+    if store.backend.name == "postgres":
+        with pg(store) as conn:
+            session = conn.execute("SELECT id, cwd, created, updated, header FROM sessions WHERE id = %s",
+                                   (session_id,)).fetchall()
+            rows = conn.execute("SELECT seq, time, type, body FROM events WHERE session_id = %s ORDER BY seq",
+                                (session_id,)).fetchall()
+        return tuple(session), tuple(rows)
     db = db_path(store)
     wal = db.with_name(db.name + "-wal")
     return db.read_bytes(), wal.read_bytes() if wal.exists() else b""
@@ -123,6 +146,10 @@ def stored_bodies(store: SessionStore, session_id: str) -> list[bytes]:
         data = store.backend.path(session_id).read_bytes()
         assert data.endswith(b"\n")
         return data.split(b"\n")[1:-1]
+    if store.backend.name == "postgres":
+        with pg(store) as conn:
+            rows = conn.execute("SELECT body FROM events WHERE session_id = %s ORDER BY seq", (session_id,)).fetchall()
+        return [bytes(b) for (b,) in rows]
     with sqlite3.connect(db_path(store)) as conn:
         rows = conn.execute("SELECT body FROM events WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
     return [bytes(b) for (b,) in rows]
@@ -134,6 +161,10 @@ def add_raw_event(store: SessionStore, session_id: str, raw: dict) -> None:
     if store.backend.name == "jsonl":
         with open(store.backend.path(session_id), "ab") as f:
             f.write(data + b"\n")
+    elif store.backend.name == "postgres":
+        with pg(store) as conn:
+            conn.execute("INSERT INTO events (session_id, seq, time, type, body) VALUES (%s, %s, %s, %s, %s)",
+                         (session_id, raw["seq"], raw["time"], raw["type"], data))
     else:
         conn = sqlite3.connect(db_path(store), isolation_level=None)
         conn.execute("INSERT INTO events (session_id, seq, body) VALUES (?, ?, ?)", (session_id, raw["seq"], data))
@@ -152,6 +183,12 @@ def set_header_version(store: SessionStore, session_id: str, version: int) -> No
         header = raw_decoder.decode(data[:nl])
         header["version"] = version
         path.write_bytes(encode_raw(header) + data[nl:])
+    elif store.backend.name == "postgres":
+        with pg(store) as conn:
+            (raw,) = conn.execute("SELECT header FROM sessions WHERE id = %s", (session_id,)).fetchone()
+            header = raw_decoder.decode(raw)
+            header["version"] = version
+            conn.execute("UPDATE sessions SET header = %s WHERE id = %s", (encode_raw(header), session_id))
     else:
         conn = sqlite3.connect(db_path(store), isolation_level=None)
         conn.execute("UPDATE sessions SET version = ? WHERE id = ?", (version, session_id))
@@ -403,7 +440,7 @@ async def test_open_for_resume_commits_the_repair_once(tmp_path, backend_name):
 
     assert again.repaired == []
     assert stored_bodies(store, "crash") == after_first
-    if backend_name == "jsonl":  # (SQLite stamps its writer token in the sessions row on every open)
+    if backend_name == "jsonl":  # (SQLite and PostgreSQL stamp a writer token in the sessions row on every open)
         assert stored_bytes(store, "crash") == file_after_first
     assert store.inspect("crash").repair == []
 
@@ -663,6 +700,9 @@ async def test_session_files_are_private(tmp_path, backend_name):
             await live.flush()
             if backend_name == "jsonl":
                 files = [store.backend.path("secret")]
+            elif backend_name == "postgres":  # nothing of the session is on this machine; the lock file is private
+                assert not (store.home / "sessions").exists() and not db_path(store).exists()
+                files = [store.home / "locks" / "secret.lock"]
             else:
                 db = db_path(store)
                 files = [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]

@@ -1,4 +1,4 @@
-"""The SIGKILL crash matrix (issue 4): a real `cairn run` child, killed at seven points, on both backends.
+"""The SIGKILL crash matrix (issue 4): a real `cairn run` child, killed at seven points, on every backend.
 
 For every case: the child runs a real turn through the CLI's composition (real backend, real checkpoint policy, the
 `script` provider or a real local OpenAI-protocol HTTP server), reaches the point, publishes it (a failpoint marker's
@@ -28,6 +28,14 @@ pytestmark = pytest.mark.slow
 PROMPT = "please do the thing"
 KEY = "sk-crash-matrix-test-key"
 TOOLS = ["list_dir", "read_file", "search_text", "write_file", "edit_file", "run_command"]
+
+
+@pytest.fixture(params=["jsonl", "sqlite", "postgres"])
+def backend_name(request):
+    """Every backend; `postgres` gets a private schema through CAIRN_DATABASE_URL, which the rig hands its children."""
+    if request.param == "postgres":
+        request.getfixturevalue("pg_database_url")
+    return request.param
 
 
 @pytest.fixture

@@ -1,0 +1,636 @@
+"""PostgreSQL backend (SPEC §5 rev 2): sessions that survive losing the machine, in a database a team shares.
+
+Tables (created on first write, in the connection's current schema, versioned by a `cairn_schema` row; a newer schema is
+refused like a newer file format): `sessions` (id, cwd, created, updated, header, writer) and `events` (session_id, seq,
+time, type, body), primary key (session_id, seq). `body` is the exact JSON line the JSONL backend writes, `header` the
+exact JSONL header line, so a log reads back byte for byte whatever backend wrote it.
+
+Durability: a write-behind batch commits with `SET LOCAL synchronous_commit = off` (the server acknowledges before its
+WAL reaches the disk); a barrier commits at the server's own level but never below `on` (a server set to `off` is raised
+to `on`; `remote_write`/`remote_apply` on a replicated server are kept). WAL is sequential, so a durable commit also
+makes every earlier asynchronous commit durable: the policy's barriers keep exactly their meaning.
+
+Lock: `pg_try_advisory_lock` on a connection of its own, held for the session's life; the server drops it when that
+connection dies (a killed process, a lost machine), so a crashed session is never left locked. The connection's
+`application_name` says `cairn <host> <pid>`, which is how a second writer, on any machine, learns who holds it. The
+writer also stamps a random token in the session's row, and every write transaction checks, in the same statement, that
+the token is still its own and that its lock connection still holds the lock. A writer whose lock was lost (its
+connection killed, the server restarted) re-takes the lock and re-checks the token before it writes again; a writer
+whose token was replaced stops for good (StaleWriter).
+
+Faults are fail-closed: any failure of a write leaves the events queued in the coordinator, the broken connection is
+dropped, and the next write reconnects and re-sends everything since the last durable barrier (ON CONFLICT makes a
+re-sent row harmless). Every psycopg error becomes one readable persistence error; a database URL's credentials never
+appear in one.
+
+psycopg is imported only here, and this module only when the backend is chosen (`make_backend`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import socket
+import time
+from typing import Any, Callable
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict
+
+from .backend import Backend, EncodedEvent, LoadedLog, Writer
+from .codec import decode_events, decode_header
+from .errors import (
+    CorruptDatabase,
+    PersistenceError,
+    SessionExists,
+    SessionLocked,
+    SessionNotFound,
+    StaleWriter,
+    StoreUnavailable,
+    UnsupportedFormat,
+)
+from .events import SessionHeader, encoder, raw_decoder
+
+SCHEMA_VERSION = 1
+CONNECT_TIMEOUT = 10  # seconds, unless the URL says otherwise
+# The server ends a lock connection whose machine vanished (no FIN ever comes) after idle + interval * count seconds
+# of silence, and so releases its lock: a session on a lost laptop can be resumed elsewhere about half a minute later.
+LOCK_KEEPALIVE = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
+# A holder on this host whose process is gone is a lock the server has not yet noticed is free: wait this long for it.
+DEAD_HOLDER_WAIT = 10.0
+_SCHEMA_LOCK = 0x636169726E5F7363  # transaction-level advisory lock serializing schema creation ("cairn_sc")
+
+DDL = (
+    "CREATE TABLE cairn_schema (version integer NOT NULL)",
+    """CREATE TABLE sessions (
+        id text PRIMARY KEY,
+        cwd text NOT NULL,
+        created bigint NOT NULL,
+        updated bigint NOT NULL,
+        header bytea NOT NULL,
+        writer text
+    )""",
+    """CREATE TABLE events (
+        session_id text NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        seq bigint NOT NULL,
+        time bigint NOT NULL,
+        type text NOT NULL,
+        body bytea NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    )""",
+)
+
+_HOLDS_LOCK = """EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND pid = %(lock_pid)s AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND classid::bigint = %(hi)s AND objid::bigint = %(lo)s)"""
+
+# The writer's check and its `updated` stamp in one statement: 0 rows means "not (or no longer) the writer".
+_STAMP = f"""UPDATE sessions SET updated = GREATEST(updated, %(t)s)
+    WHERE id = %(id)s AND writer = %(token)s AND {_HOLDS_LOCK}"""
+
+_INSERT = """INSERT INTO events (session_id, seq, time, type, body)
+    SELECT %(id)s, u.s, u.t, u.y, u.b
+    FROM unnest(%(seqs)s::bigint[], %(times)s::bigint[], %(types)s::text[], %(bodies)s::bytea[]) AS u(s, t, y, b)
+    ON CONFLICT (session_id, seq) DO UPDATE SET time = excluded.time, type = excluded.type, body = excluded.body"""
+
+_HOLDER = """SELECT a.application_name FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid::bigint = %(hi)s AND l.objid::bigint = %(lo)s
+    LIMIT 1"""
+
+# msgspec writes the tag first: {"type":"turn/start","seq":3,"time":…}. Anything else (an ignorable event) is decoded.
+_PREFIX = re.compile(rb'\{"type":"([^"\\]*)","seq":-?\d+,"time":(-?\d+)[,}]')
+_APP_NAME = re.compile(r"^cairn (\S+) (\d+)$")
+
+Connect = Callable[..., "psycopg.Connection[Any]"]
+
+
+def default_connect(url: str, role: str, **kwargs: Any) -> "psycopg.Connection[Any]":
+    """`role` (`write`, `lock` or `read`) lets a fault-injecting test wrap only some connections."""
+    return psycopg.connect(url, **kwargs)
+
+
+class PostgresLocked(SessionLocked):
+    """The session's advisory lock is held, possibly by a process on another machine (exit 3)."""
+
+    def __init__(self, session_id: str, pid: int | None, host: str | None) -> None:
+        SessionLocked.__init__(self, session_id, pid)
+        self.host = host
+        if host and host != _hostname():
+            holder = f"process {pid} on host {host}" if pid else f"a process on host {host}"
+            PersistenceError.__init__(
+                self,
+                f"session {session_id!r} is live in {holder}; close it there first (reading it with `cairn show` works)",
+            )
+
+
+class NewerSchema(UnsupportedFormat):
+    def __init__(self, where: str, version: int) -> None:
+        PersistenceError.__init__(
+            self,
+            f"{where}: the Cairn tables have schema version {version}, made by a newer Cairn (this build knows "
+            f"{SCHEMA_VERSION}); upgrade Cairn",
+        )
+        self.path = where
+        self.version = version
+        self.reason = f"schema version {version} is newer than this build's {SCHEMA_VERSION}"
+
+
+def _hostname() -> str:
+    return socket.gethostname() or "localhost"
+
+
+def application_name() -> str:
+    """`cairn <host> <pid>`, within PostgreSQL's 63-byte limit (the host is cut, never the pid)."""
+    pid = str(os.getpid())
+    host = re.sub(r"\s", "_", _hostname())[: 63 - len("cairn  ") - len(pid)]
+    return f"cairn {host} {pid}"
+
+
+def parse_holder(app_name: str | None) -> tuple[str | None, int | None]:
+    match = _APP_NAME.match(app_name or "")
+    return (match.group(1), int(match.group(2))) if match else (None, None)
+
+
+def describe_url(url: str) -> str:
+    """The database as it may be shown: host, port and name, never the user's password or any other parameter."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "the configured PostgreSQL database"
+    host = params.get("host") or "localhost"
+    port = params.get("port") or "5432"
+    return f"postgresql://{host}:{port}/{params.get('dbname') or ''}"
+
+
+def lock_key(schema: str, session_id: str) -> int:
+    """A signed 64-bit advisory-lock key for one session of one schema (the database is part of the lock already)."""
+    digest = hashlib.blake2b(f"cairn\0{schema}\0{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _key_parts(key: int) -> dict[str, int]:
+    """How pg_locks shows a bigint advisory key: classid = high 32 bits, objid = low 32 bits (both unsigned)."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return {"hi": unsigned >> 32, "lo": unsigned & 0xFFFFFFFF}
+
+
+def event_columns(data: bytes) -> tuple[str, int]:
+    """(type, time) of an encoded event, for the table's columns; the body stays the source of truth."""
+    match = _PREFIX.match(data)
+    if match:
+        return match.group(1).decode("utf-8", "replace"), int(match.group(2))
+    try:
+        raw = raw_decoder.decode(data)
+    except Exception:
+        return "", 0
+    kind, time = (raw.get("type"), raw.get("time")) if isinstance(raw, dict) else (None, None)
+    return (kind if isinstance(kind, str) else ""), (time if type(time) is int and -(2**63) <= time < 2**63 else 0)
+
+
+class PostgresWriter(Writer):
+    # Every call is a network round trip that can block for as long as a TCP timeout: never on the event loop.
+    inline_safe = False
+
+    def __init__(self, backend: "PostgresBackend", session_id: str, token: str, conn: Any, lock_conn: Any) -> None:
+        self._backend = backend
+        self._id = session_id
+        self._token = token
+        self._conn: Any | None = conn
+        self._lock_conn: Any | None = lock_conn
+        self._key = _key_parts(backend.lock_key(session_id))
+        self._durable_level = backend.durable_level(conn)
+
+    def append(self, batch: list[EncodedEvent], durable: bool) -> int:
+        for _ in range(2):
+            if self._write(batch, durable):
+                return sum(len(data) for _, data in batch)
+            self._retake_lock()  # our lock was lost while our token stands: take it back, then write again
+        raise StaleWriter(f"session {self._id!r} could not be re-locked for writing; this writer stops")
+
+    def _write(self, batch: list[EncodedEvent], durable: bool) -> bool:
+        """One transaction: check writer + lock and stamp `updated`, insert the batch, commit (durably or not).
+        False when this process is not (or no longer) the writer; nothing was committed then."""
+        backend = self._backend
+        try:
+            conn = self._conn
+            if conn is None or conn.closed:
+                conn = self._conn = backend.connect("write")
+            columns = [event_columns(data) for _, data in batch]
+            params = {
+                "id": self._id, "token": self._token, "lock_pid": self._lock_pid(),
+                "t": max((t for _, t in columns), default=0), **self._key,
+            }
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                conn.execute(f"SET LOCAL synchronous_commit = {self._durable_level if durable else 'off'}")
+                stamp = conn.execute(_STAMP, params)
+                if batch:
+                    conn.execute(_INSERT, {
+                        "id": self._id, "seqs": [seq for seq, _ in batch], "times": [t for _, t in columns],
+                        "types": [kind for kind, _ in columns], "bodies": [data for _, data in batch],
+                    })
+            if stamp.rowcount != 1:
+                conn.execute("ROLLBACK")
+                return False
+            conn.execute("COMMIT")
+            return True
+        except psycopg.Error as e:
+            self._drop_data_connection()
+            raise backend.translate(e, f"write session {self._id!r} to") from None
+
+    def _lock_pid(self) -> int:
+        conn = self._lock_conn
+        if conn is None or conn.closed:
+            return 0  # matches no lock: the write is refused and the lock re-taken
+        return conn.info.backend_pid
+
+    def _retake_lock(self) -> None:
+        """Our write was refused. If our token was replaced, another writer owns the session: stop. Otherwise our lock
+        connection died (and the lock with it): take the lock again, then check the token once more, since another
+        writer may have come and gone in between."""
+        backend = self._backend
+        if self._current_writer() != self._token:
+            raise StaleWriter(f"session {self._id!r} was taken over by another writer; this one stops writing")
+        if self._lock_conn is not None:
+            _close_quietly(self._lock_conn)
+            self._lock_conn = None
+        self._lock_conn = backend.take_lock(self._id)
+        if self._current_writer() != self._token:
+            _close_quietly(self._lock_conn)
+            self._lock_conn = None
+            raise StaleWriter(f"session {self._id!r} was taken over by another writer; this one stops writing")
+
+    def _current_writer(self) -> str | None:
+        try:
+            conn = self._conn
+            if conn is None or conn.closed:
+                conn = self._conn = self._backend.connect("write")
+            row = conn.execute("SELECT writer FROM sessions WHERE id = %s", (self._id,)).fetchone()
+        except psycopg.Error as e:
+            self._drop_data_connection()
+            raise self._backend.translate(e, f"check the writer of session {self._id!r} in") from None
+        return row[0] if row else None
+
+    def _drop_data_connection(self) -> None:
+        if self._conn is not None:
+            _close_quietly(self._conn)
+            self._conn = None
+
+    def close(self) -> None:
+        self._drop_data_connection()
+        if self._lock_conn is not None:
+            _close_quietly(self._lock_conn)  # the server releases the advisory lock with the connection
+            self._lock_conn = None
+
+
+class PostgresBackend(Backend):
+    name = "postgres"
+
+    def __init__(self, url: str, connect: Connect = default_connect) -> None:
+        self.url = url
+        self.where = describe_url(url)
+        self._connect = connect
+        self._schema_ready = False
+        self._schema_name: str | None = None
+        self._reader: Any | None = None
+
+    # -- connections and errors ----------------------------------------------------------------------------------
+
+    def connect(self, role: str) -> Any:
+        """A new autocommit connection (`role` is `write`, `lock` or `read`: a seam for fault-injecting tests)."""
+        kwargs: dict[str, Any] = {"autocommit": True, "application_name": application_name()}
+        try:
+            params = conninfo_to_dict(self.url)
+        except psycopg.Error:
+            raise StoreUnavailable(
+                "the database URL is not a valid libpq URL (postgresql://[user@]host[:port]/dbname); "
+                "fix --database-url or CAIRN_DATABASE_URL"
+            ) from None
+        if "connect_timeout" not in params:
+            kwargs["connect_timeout"] = CONNECT_TIMEOUT
+        try:
+            conn = self._connect(self.url, role, **kwargs)
+        except psycopg.Error as e:
+            raise self.translate(e, "connect to") from None
+        if self._schema_name is None:
+            try:
+                self._schema_name = conn.execute("SELECT current_schema()").fetchone()[0] or ""
+            except psycopg.Error as e:
+                _close_quietly(conn)
+                raise self.translate(e, "connect to") from None
+        return conn
+
+    def translate(self, e: BaseException, doing: str) -> PersistenceError:
+        """One readable line for a psycopg error, with no credentials in it."""
+        if isinstance(e, PersistenceError):
+            return e
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        first = self._scrub(first)
+        if isinstance(e, pgerrors.DiskFull):
+            return StoreUnavailable(f"cannot {doing} {self.where}: the database server's disk is full ({first}); "
+                                    "free space on the server, then try again", e)
+        if isinstance(e, pgerrors.InsufficientPrivilege):
+            return StoreUnavailable(f"cannot {doing} {self.where}: {first}; grant this user the rights Cairn needs, "
+                                    "or use another database or schema", e)
+        if isinstance(e, psycopg.OperationalError):
+            return StoreUnavailable(f"cannot {doing} {self.where}: {first}; check that the server is running and "
+                                    "--database-url / CAIRN_DATABASE_URL", e)
+        return StoreUnavailable(f"cannot {doing} {self.where}: {first}", e)
+
+    def _scrub(self, text: str) -> str:
+        """Remove the URL and any password from a server or driver message."""
+        text = text.replace(self.url, self.where)
+        try:
+            password = conninfo_to_dict(self.url).get("password")
+        except psycopg.Error:
+            password = None
+        if password:
+            text = text.replace(str(password), "***")
+        return text
+
+    def _read(self, doing: str, query: Callable[[Any], Any]) -> Any:
+        """Run a read on the cached reader connection; one reconnect when the connection turned out to be dead."""
+        for attempt in range(2):
+            if self._reader is None or self._reader.closed:
+                self._reader = self.connect("read")
+            try:
+                return query(self._reader)
+            except psycopg.OperationalError as e:
+                _close_quietly(self._reader)
+                self._reader = None
+                if attempt:
+                    raise self.translate(e, doing) from None
+            except psycopg.Error as e:
+                raise self.translate(e, doing) from None
+
+    def close(self) -> None:
+        if self._reader is not None:
+            _close_quietly(self._reader)
+            self._reader = None
+
+    # -- schema ----------------------------------------------------------------------------------------------------
+
+    def _schema_state(self, conn: Any) -> int | None:
+        """The schema version of Cairn's tables; None when there are none. A schema holding a `sessions` or `events`
+        table that is not Cairn's is refused, not extended."""
+        ours, sessions, events = conn.execute(
+            "SELECT to_regclass('cairn_schema') IS NOT NULL, to_regclass('sessions') IS NOT NULL, "
+            "to_regclass('events') IS NOT NULL"
+        ).fetchone()
+        if not ours:
+            if sessions or events:
+                raise CorruptDatabase(self.where, "not a Cairn database: it has a sessions or events table of its "
+                                                  "own (point Cairn at another database or schema)")
+            return None
+        version = conn.execute("SELECT max(version) FROM cairn_schema").fetchone()[0]
+        if not isinstance(version, int):
+            raise CorruptDatabase(self.where, "its cairn_schema table holds no version")
+        if version > SCHEMA_VERSION:
+            raise NewerSchema(self.where, version)
+        if version < SCHEMA_VERSION:
+            raise UnsupportedFormat(self.where, version, SCHEMA_VERSION)
+        return version
+
+    def _ensure_schema(self, conn: Any) -> None:
+        if self._schema_ready:
+            return
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))  # two first writers: one creates
+                if self._schema_state(conn) is None:
+                    for statement in DDL:
+                        conn.execute(statement)
+                    conn.execute("INSERT INTO cairn_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+        except psycopg.Error as e:
+            raise self.translate(e, "create Cairn's tables in") from None
+        self._schema_ready = True
+
+    def _readable(self, conn: Any) -> bool:
+        """Whether Cairn's tables exist (never creates them: reading writes nothing)."""
+        return self._schema_ready or self._schema_state(conn) is not None
+
+    def durable_level(self, conn: Any) -> str:
+        """The synchronous_commit a barrier uses: the server's own setting, raised to `on` when it is weaker."""
+        try:
+            level = conn.execute("SHOW synchronous_commit").fetchone()[0]
+        except psycopg.Error as e:
+            raise self.translate(e, "read the settings of") from None
+        return level if level in ("on", "remote_write", "remote_apply") else "on"
+
+    def lock_key(self, session_id: str) -> int:
+        return lock_key(self._schema_name or "", session_id)
+
+    # -- locking ---------------------------------------------------------------------------------------------------
+
+    def take_lock(self, session_id: str) -> Any:
+        """A new connection holding the session's advisory lock, or PostgresLocked naming the holder.
+
+        A holder that is a dead process of this machine (SIGKILLed a moment ago) is waited for: its server backend
+        releases the lock as soon as it notices the closed socket."""
+        conn = self.connect("lock")
+        key = self.lock_key(session_id)
+        deadline = time.monotonic() + DEAD_HOLDER_WAIT
+        try:
+            for name, value in LOCK_KEEPALIVE.items():
+                conn.execute(f"SET {name} = {int(value)}")
+            while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                holder = self._holder(conn, key)
+                if holder is None:
+                    continue  # released between the two queries: try again
+                host, pid = holder
+                if not _dead_here(host, pid) or time.monotonic() > deadline:
+                    raise PostgresLocked(session_id, pid, host)
+                time.sleep(0.02)
+        except psycopg.Error as e:
+            _close_quietly(conn)
+            raise self.translate(e, f"lock session {session_id!r} in") from None
+        except BaseException:
+            _close_quietly(conn)
+            raise
+        return conn
+
+    def _holder(self, conn: Any, key: int) -> tuple[str | None, int | None] | None:
+        """(host, pid) of whoever holds the session's lock, None when nobody does ((None, None): unknown)."""
+        row = conn.execute(_HOLDER, _key_parts(key)).fetchone()
+        if row is None:
+            return None
+        return parse_holder(row[0])
+
+    # -- the Backend interface -------------------------------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        if self._schema_ready:
+            return
+        conn = self.connect("write")
+        try:
+            self._ensure_schema(conn)
+        finally:
+            _close_quietly(conn)
+
+    def create(self, header: SessionHeader) -> Writer:
+        conn = self.connect("write")
+        lock_conn = None
+        try:
+            self._ensure_schema(conn)
+            lock_conn = self.take_lock(header.id)
+            token = secrets.token_hex(8)
+            level = self.durable_level(conn)
+            try:
+                with conn.transaction():
+                    conn.execute(f"SET LOCAL synchronous_commit = {level}")
+                    conn.execute(
+                        "INSERT INTO sessions (id, cwd, created, updated, header, writer) VALUES (%s, %s, %s, %s, %s, %s)",
+                        (header.id, header.cwd, header.created, header.created, encoder.encode(header), token),
+                    )
+            except pgerrors.UniqueViolation:
+                raise SessionExists(header.id) from None
+            except psycopg.Error as e:
+                raise self.translate(e, "create a session in") from None
+        except BaseException:
+            _close_quietly(conn)
+            if lock_conn is not None:
+                _close_quietly(lock_conn)
+            raise
+        return PostgresWriter(self, header.id, token, conn, lock_conn)
+
+    def open_writer(self, session_id: str) -> tuple[Writer, LoadedLog]:
+        conn = self.connect("write")
+        lock_conn = None
+        try:
+            self._ensure_schema(conn)
+            lock_conn = self.take_lock(session_id)
+            token = secrets.token_hex(8)
+            try:
+                with conn.transaction():
+                    conn.execute(f"SET LOCAL synchronous_commit = {self.durable_level(conn)}")
+                    cur = conn.execute("UPDATE sessions SET writer = %s WHERE id = %s", (token, session_id))
+                if cur.rowcount == 0:
+                    raise SessionNotFound(session_id)
+                log = self._load_with(conn, session_id)
+            except psycopg.Error as e:
+                raise self.translate(e, f"open session {session_id!r} in") from None
+        except BaseException:
+            _close_quietly(conn)
+            if lock_conn is not None:
+                _close_quietly(lock_conn)
+            raise
+        return PostgresWriter(self, session_id, token, conn, lock_conn), log
+
+    def load(self, session_id: str) -> LoadedLog:
+        def query(conn: Any) -> LoadedLog:
+            if not self._readable(conn):
+                raise SessionNotFound(session_id)
+            log = self._load_with(conn, session_id)
+            holder = self._holder(conn, self.lock_key(session_id))
+            if holder is not None and _dead_here(*holder):
+                holder = None  # its process is gone; the server just has not dropped the lock yet
+            log.extra["live_pid"] = None if holder is None else (holder[1] or 0)
+            log.extra["live_host"] = None if holder is None else holder[0]
+            return log
+
+        return self._read(f"read session {session_id!r} from", query)
+
+    def _load_with(self, conn: Any, session_id: str) -> LoadedLog:
+        location = f"{self.where}[{session_id}]"
+        row = conn.execute("SELECT header FROM sessions WHERE id = %s", (session_id,)).fetchone()
+        if row is None:
+            raise SessionNotFound(session_id)
+        try:
+            header = decode_header(bytes(row[0]), location)
+        except RecursionError:
+            raise CorruptDatabase(location, "the session's header is nested too deeply") from None
+        if header.id != session_id:
+            raise CorruptDatabase(location, f"the session row's header names session {header.id[:70]!r}")
+        body = self._bodies(conn, session_id)
+        try:
+            events, _ = decode_events(body, location, first_line=1, tail_may_be_torn=False)
+        except RecursionError:
+            raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
+        return LoadedLog(header, events, location)
+
+    @staticmethod
+    def _bodies(conn: Any, session_id: str) -> bytes:
+        """Every event body, newline-terminated, in seq order, fetched in the binary protocol (no hex round trip).
+        (Joining them on the server with string_agg was measured slower: P4 in docs/benchmarks.md.)"""
+        cur = conn.cursor(binary=True)
+        cur.execute("SELECT body FROM events WHERE session_id = %s ORDER BY seq", (session_id,))
+        raw = [body for (body,) in cur.fetchall()]
+        return b"\n".join(raw + [b""]) if raw else b""
+
+    def exists(self, session_id: str) -> bool:
+        def query(conn: Any) -> bool:
+            if not self._readable(conn):
+                return False
+            return conn.execute("SELECT 1 FROM sessions WHERE id = %s", (session_id,)).fetchone() is not None
+
+        return self._read("read", query)
+
+    def list_ids(self) -> list[str]:
+        from .store import valid_session_id
+
+        def query(conn: Any) -> list[str]:
+            if not self._readable(conn):
+                return []
+            return [r[0] for r in conn.execute("SELECT id FROM sessions ORDER BY id").fetchall()]
+
+        return [i for i in self._read("list the sessions in", query) if valid_session_id(i)]
+
+    def delete(self, session_id: str) -> None:
+        """Delete a session and its events, durably; refused (exit 3) while a writer on any machine holds it."""
+        lock_conn = self.take_lock(session_id)
+        conn = self.connect("write")
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL synchronous_commit = {self.durable_level(conn)}")
+                cur = conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))  # events go with it (CASCADE)
+            if cur.rowcount == 0:
+                raise SessionNotFound(session_id)
+        except psycopg.Error as e:
+            raise self.translate(e, f"delete session {session_id!r} from") from None
+        finally:
+            _close_quietly(conn)
+            _close_quietly(lock_conn)
+
+    def size(self, session_id: str) -> int | None:
+        """Bytes of the session's events as stored (the JSON bodies)."""
+        try:
+            row = self._read("read", lambda c: c.execute(
+                "SELECT coalesce(sum(length(body) + 1), 0) FROM events WHERE session_id = %s", (session_id,)).fetchone())
+        except PersistenceError:
+            return None
+        return int(row[0]) if row else None
+
+    def modified_ms(self, session_id: str) -> int:
+        try:
+            row = self._read("read", lambda c: c.execute("SELECT updated FROM sessions WHERE id = %s",
+                                                         (session_id,)).fetchone())
+        except PersistenceError:
+            return 0
+        return row[0] if row else 0
+
+
+def _dead_here(host: str | None, pid: int | None) -> bool:
+    """Whether the holder is a process of this machine that no longer exists."""
+    if not pid or host != _hostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:
+        pass

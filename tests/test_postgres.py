@@ -1,0 +1,429 @@
+"""The PostgreSQL backend beyond the shared contract (issue 18): locks across processes and hosts, writer tokens, and
+faults in the middle of a barrier, all against a real server over real connections.
+
+The shared contract suite (tests/test_contract.py) and the SIGKILL crash matrix (tests/test_crash_matrix.py) run on this
+backend too. Each test here gets a private schema (`pg` fixture); nothing is mocked except where a real server cannot be
+made to produce the case on demand.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import quote
+
+import anyio
+import pytest
+
+from crash_harness import CAIRN
+from pg_helpers import connect_to, fresh_schema, private_server, schema_url
+from cairn.persistence.errors import (
+    CheckpointFailed,
+    CorruptLog,
+    SessionLocked,
+    StaleWriter,
+    StoreUnavailable,
+    UnsupportedFormat,
+)
+from cairn.persistence.events import StepEnd, StepStart, TurnEnd, TurnStart, UserMessage
+from cairn.persistence.postgres import PostgresBackend, lock_key
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import SessionStore
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = 3600.0  # a write-behind window no test waits out: only the barriers a test asks for write anything
+
+
+@pytest.fixture
+def pg(monkeypatch):
+    """(schema, url) of a private schema; also CAIRN_DATABASE_URL, for child processes."""
+    with fresh_schema() as (schema, url):
+        monkeypatch.setenv("CAIRN_DATABASE_URL", url)
+        yield schema, url
+
+
+def store_on(home: Path, url: str) -> SessionStore:
+    """One "machine": its own CAIRN_HOME (so its own lock files), the shared database."""
+    return SessionStore(home, "postgres", database_url=url)
+
+
+def stored_types(url: str, session_id: str) -> list[str]:
+    with connect_to(url) as conn:
+        rows = conn.execute("SELECT type FROM events WHERE session_id = %s ORDER BY seq", (session_id,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def cli(home: Path, *args: str, url: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "CAIRN_HOME": str(home),
+           "CAIRN_BACKEND": "postgres", "CAIRN_DATABASE_URL": url, "CAIRN_DEMO_DELAY_MS": "0"}
+    return subprocess.run([CAIRN, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+async def write_turn(store: SessionStore, session_id: str, prompt: str = "hello") -> None:
+    async with LiveSession(store.create("/far/away/project", session_id)) as live:
+        for event in (TurnStart(turn=1), StepStart(turn=1, step=1), UserMessage(turn=1, step=1, text=prompt)):
+            live.append(event)
+        await live.flush()
+
+
+async def poll(condition, what: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await anyio.sleep(0.01)
+    return value
+
+
+def advisory_holder_pid(url: str, schema: str, session_id: str) -> int | None:
+    key = lock_key(schema, session_id) & 0xFFFFFFFFFFFFFFFF
+    with connect_to(url) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+            "AND classid::bigint = %s AND objid::bigint = %s", (key >> 32, key & 0xFFFFFFFF),
+        ).fetchone()
+    return row[0] if row else None
+
+
+# -- two writers -------------------------------------------------------------------------------------------------------
+
+
+HOLDER = r"""
+import sys, time
+from cairn.persistence.store import SessionStore
+home, url, session_id, marker = sys.argv[1:5]
+opened = SessionStore(home, "postgres", database_url=url).open_for_resume(session_id)
+with open(marker, "w") as f:
+    f.write("locked\n")
+time.sleep(120)
+"""
+
+
+async def test_a_writer_in_another_process_with_its_own_home_is_refused_by_the_database_lock(tmp_path, pg):
+    """Two machines share nothing but the database: the second writer is refused by the advisory lock (exit 3, naming
+    the holder's pid), reads still work, and once the first is killed the second resumes at once."""
+    schema, url = pg
+    await write_turn(store_on(tmp_path / "a", url), "shared")
+    marker = tmp_path / "marker"
+    marker.write_text("")
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "a"), url, "shared", str(marker)],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    other = store_on(tmp_path / "b", url)
+    try:
+        await poll(lambda: marker.read_text() == "locked\n" or child.poll() is not None, "the holder to lock")
+        assert child.poll() is None, child.stderr.read().decode()
+
+        for attempt in (lambda: other.open_for_resume("shared"), lambda: other.create("/w", "shared")):
+            with pytest.raises(SessionLocked) as info:
+                attempt()
+            assert info.value.pid == child.pid and f"process {child.pid}" in str(info.value)
+        assert other.inspect("shared").live_pid == child.pid
+        assert [(s.id, s.status) for s in other.list_sessions()] == [("shared", "live")]
+
+        refused = cli(tmp_path / "b", "run", "--resume", "shared", "--provider", "demo", "hi", url=url, cwd=tmp_path)
+        assert refused.returncode == 3, refused.stderr
+        assert refused.stderr.count("\n") == 1 and f"process {child.pid}" in refused.stderr
+        assert "Traceback" not in refused.stderr and refused.stdout == ""
+        shown = cli(tmp_path / "b", "show", "shared", url=url, cwd=tmp_path)
+        assert shown.returncode == 0 and "live" in shown.stderr
+        repaired_by_holder = ["turn/start", "step/start", "user/message", "step/end", "turn/end"]
+        assert stored_types(url, "shared") == repaired_by_holder  # and the refused writers wrote nothing
+
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=20) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stderr.close()
+
+    # no wait here: a holder that is a dead process of this machine is waited for until the server drops its lock
+    resumed = cli(tmp_path / "b", "run", "--resume", "shared", "--provider", "demo", "carry on", url=url, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    types = stored_types(url, "shared")
+    assert types[:5] == repaired_by_holder
+    assert types[5] == "turn/start" and types[-1] == "turn/end"
+
+
+async def test_a_holder_on_another_host_is_named_with_its_host(tmp_path, pg):
+    """The holder is whoever holds the advisory lock, wherever it runs: its `application_name` names host and pid."""
+    schema, url = pg
+    await write_turn(store_on(tmp_path / "a", url), "remote")
+    with connect_to(schema_url(schema) + "&application_name=cairn%20build-box-7%204242") as far:
+        far.execute("SELECT pg_advisory_lock(%s)", (lock_key(schema, "remote"),))
+
+        with pytest.raises(SessionLocked) as info:
+            store_on(tmp_path / "b", url).open_for_resume("remote")
+        assert "live in process 4242 on host build-box-7" in str(info.value)
+        refused = cli(tmp_path / "b", "run", "--resume", "remote", "--provider", "demo", "x", url=url, cwd=tmp_path)
+        assert refused.returncode == 3 and "process 4242 on host build-box-7" in refused.stderr, refused.stderr
+        listed = cli(tmp_path / "b", "sessions", "--all", url=url, cwd=tmp_path)
+        assert listed.returncode == 0 and "live" in listed.stdout and "/far/away/project" in listed.stdout, listed
+
+    opened = store_on(tmp_path / "b", url).open_for_resume("remote")  # released with its connection
+    opened.writer.close()
+    opened.lock.release()
+    assert [type(e) for e in opened.repaired] == [StepEnd, TurnEnd]
+
+
+# -- the lock and the writer token -------------------------------------------------------------------------------------
+
+
+async def test_a_writer_that_lost_its_lock_takes_it_back_before_writing_again(tmp_path, pg):
+    schema, url = pg
+    store = store_on(tmp_path / "a", url)
+    async with LiveSession(store.create("/w", "s"), window=QUIET) as live:
+        live.append(TurnStart(turn=1))
+        await live.flush()
+        first_holder = advisory_holder_pid(url, schema, "s")
+        with connect_to(url) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (first_holder,)).fetchone()[0]
+        await poll(lambda: advisory_holder_pid(url, schema, "s") is None, "the server to drop the lock")
+
+        live.append(StepStart(turn=1, step=1))
+        await live.flush()
+
+        again = advisory_holder_pid(url, schema, "s")
+        assert again is not None and again != first_holder
+    assert stored_types(url, "s") == ["turn/start", "step/start"]
+
+
+async def test_a_writer_whose_session_was_taken_over_never_writes_again(tmp_path, pg):
+    """A's lock connection dies; B (another machine) takes the session. A's next barrier fails with StaleWriter and
+    writes nothing; B's log is intact."""
+    schema, url = pg
+    a = store_on(tmp_path / "a", url)
+    with pytest.raises(CheckpointFailed) as closing:  # A's close cannot make its last event durable either: reported
+        async with LiveSession(a.create("/w", "s"), window=QUIET) as live_a:
+            live_a.append(TurnStart(turn=1))
+            await live_a.flush()
+            with connect_to(url) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (advisory_holder_pid(url, schema, "s"),))
+            await poll(lambda: advisory_holder_pid(url, schema, "s") is None, "the server to drop the lock")
+
+            async with LiveSession(store_on(tmp_path / "b", url).open_for_resume("s"), window=QUIET) as live_b:
+                live_b.append(TurnStart(turn=2))
+                await live_b.flush()
+
+                live_a.append(StepStart(turn=1, step=1))
+                with pytest.raises(CheckpointFailed) as info:
+                    await live_a.flush()
+                assert isinstance(info.value.cause, StaleWriter)
+                assert "taken over by another writer" in str(info.value)
+    assert isinstance(closing.value.cause, StaleWriter)
+    assert stored_types(url, "s") == ["turn/start", "turn/end", "turn/start"]  # A: 1, repair by B: 1, B: 1
+
+
+# -- faults in the middle of a barrier ---------------------------------------------------------------------------------
+
+
+async def test_connection_killed_mid_barrier_fails_closed_and_the_next_barrier_retries(tmp_path, pg):
+    """The barrier's transaction is held up by a row lock, then its connection is terminated by the server: the
+    barrier fails with one line, nothing half-written is visible, the events stay queued, and the next barrier
+    reconnects and writes them, contiguous."""
+    schema, url = pg
+    store = store_on(tmp_path / "a", url)
+    app_name = f"cairn {os.uname().nodename} {os.getpid()}"
+    async with LiveSession(store.create("/w", "s"), window=QUIET) as live:
+        live.append(TurnStart(turn=1))
+        await live.flush()
+        with connect_to(url) as blocker, connect_to(url) as admin:
+            blocker.execute("BEGIN")
+            blocker.execute("SELECT 1 FROM sessions WHERE id = 's' FOR UPDATE")
+            live.append(StepStart(turn=1, step=1))
+            live.append(UserMessage(turn=1, step=1, text="precious"))
+            failure: list[BaseException] = []
+
+            async def barrier() -> None:
+                try:
+                    await live.flush()
+                except CheckpointFailed as e:
+                    failure.append(e)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(barrier)
+                waiting = await poll(lambda: admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                    (app_name,)).fetchone(), "the barrier to wait on the row lock")
+                admin.execute("SELECT pg_terminate_backend(%s)", (waiting[0],))
+            blocker.execute("ROLLBACK")
+
+        (error,) = failure
+        assert isinstance(error.cause, StoreUnavailable) and "\n" not in str(error)
+        assert any(w in str(error) for w in ("closed the connection", "terminat")) and "postgresql://" in str(error)
+        assert live.coordinator.queued == 2
+        assert stored_types(url, "s") == ["turn/start"]  # durable before: kept; the failed barrier: nothing
+
+        await live.flush()
+        assert live.coordinator.queued == 0
+    assert stored_types(url, "s") == ["turn/start", "step/start", "user/message"]
+    assert [e.seq for e in store.inspect("s").events] == [0, 1, 2]
+
+
+async def test_unreachable_server_is_one_line_without_credentials(tmp_path, pg):
+    url = "postgresql://cairn:s3cret-pw@127.0.0.1:1/nodb"
+    with pytest.raises(StoreUnavailable) as info:
+        store_on(tmp_path, url).create("/w", "x")
+    assert "s3cret-pw" not in str(info.value) and "postgresql://127.0.0.1:1/nodb" in str(info.value)
+    proc = cli(tmp_path, "sessions", url=url, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "s3cret-pw" not in proc.stderr and "Traceback" not in proc.stderr
+    bad = cli(tmp_path, "sessions", url="postgresql://u:s3cret-pw@host:notaport/x", cwd=tmp_path)
+    assert bad.returncode == 2 and "s3cret-pw" not in bad.stderr, bad.stderr
+
+
+# -- the schema --------------------------------------------------------------------------------------------------------
+
+
+async def test_schema_is_versioned_and_a_newer_one_is_refused(tmp_path, pg):
+    schema, url = pg
+    await write_turn(store_on(tmp_path, url), "s")
+    with connect_to(url) as conn:
+        assert conn.execute("SELECT version FROM cairn_schema").fetchall() == [(1,)]
+        conn.execute("UPDATE cairn_schema SET version = 2")
+
+    for attempt in (lambda: store_on(tmp_path, url).create("/w", "t"),
+                    lambda: store_on(tmp_path, url).inspect("s")):
+        with pytest.raises(UnsupportedFormat) as info:
+            attempt()
+        assert "schema version 2" in str(info.value) and "newer Cairn" in str(info.value)
+    proc = cli(tmp_path, "sessions", url=url, cwd=tmp_path)
+    assert proc.returncode == 4 and "upgrade Cairn" in proc.stderr, proc.stderr
+
+
+async def test_a_schema_with_tables_of_its_own_is_refused_not_extended(tmp_path, pg):
+    schema, url = pg
+    with connect_to(url) as conn:
+        conn.execute("CREATE TABLE sessions (who text)")
+    with pytest.raises(CorruptLog) as info:
+        store_on(tmp_path, url).create("/w", "s")
+    assert "not a Cairn database" in str(info.value)
+    with connect_to(url) as conn:
+        tables = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,)).fetchall()
+    assert tables == [("sessions",)]
+
+
+async def test_reading_an_empty_database_creates_nothing(tmp_path, pg):
+    schema, url = pg
+    store = store_on(tmp_path, url)
+    assert store.list_sessions() == [] and store.exists("nope") is False
+    with connect_to(url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s", (schema,)).fetchone() == (0,)
+
+
+async def test_a_barrier_is_durable_even_when_the_server_default_is_asynchronous(tmp_path, pg):
+    """A server (or role) set to `synchronous_commit = off` must not make barriers asynchronous."""
+    schema, url = pg
+    backend = PostgresBackend(url.split("?")[0] + "?options=" + quote(f"-csearch_path={schema} -csynchronous_commit=off"))
+    conn = backend.connect("write")
+    try:
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        assert backend.durable_level(conn) == "on"
+        conn.execute("SET synchronous_commit = remote_apply")
+        assert backend.durable_level(conn) == "remote_apply"  # a replicated server's stronger level is kept
+    finally:
+        conn.close()
+
+
+# -- a server of the test's own: restarted, or out of disk -------------------------------------------------------------
+
+
+async def test_server_restarted_mid_session_fails_one_barrier_then_resumes_writing(tmp_path):
+    """A restart terminates every connection, the lock's included. The barrier that meets the dead connection fails
+    (one line, events kept); the next one reconnects, re-takes the lock, checks the token and writes everything."""
+    with private_server() as server:
+        store = store_on(tmp_path, server.url)
+        async with LiveSession(store.create("/w", "s"), window=QUIET) as live:
+            live.append(TurnStart(turn=1))
+            await live.flush()
+            live.append(StepStart(turn=1, step=1))
+            await anyio.to_thread.run_sync(server.restart)
+            live.append(UserMessage(turn=1, step=1, text="after the restart"))
+
+            with pytest.raises(CheckpointFailed) as info:
+                await live.flush()
+            assert "\n" not in str(info.value) and live.coordinator.queued == 2
+            assert stored_types(server.url, "s") == ["turn/start"]
+
+            await live.flush()
+            with pytest.raises(SessionLocked):  # the lock is held again, by this writer
+                store_on(tmp_path / "other", server.url).open_for_resume("s")
+        assert stored_types(server.url, "s") == ["turn/start", "step/start", "user/message"]
+
+
+@contextmanager
+def small_tmpfs(size: str) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="cairn-full-", dir="/tmp"))
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"cannot mount a small tmpfs to fill (the test needs root): {proc.stderr}"
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        path.rmdir()
+
+
+def fill(directory: Path) -> Path:
+    """Take every free byte of the file system `directory` is on."""
+    filler = directory / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+async def test_full_disk_during_a_barrier_fails_closed_and_loses_nothing(tmp_path):
+    """The session's tables live in a tablespace on a full file system: the barrier fails with `disk is full`, the
+    durable events stay, the failed batch is kept queued, and once space is freed the next barrier writes it all."""
+    with small_tmpfs("8m") as small, private_server() as server:
+        space = small / "ts"
+        space.mkdir()
+        server.chown(space)
+        with connect_to(server.url) as admin:
+            admin.execute(f"CREATE TABLESPACE small LOCATION '{space}'")
+        url = server.url + "&options=" + quote("-cdefault_tablespace=small")
+        store = store_on(tmp_path, url)
+        async with LiveSession(store.create("/w", "s"), window=QUIET) as live:
+            live.append(TurnStart(turn=1))
+            await live.flush()
+            filler = fill(small)
+            for i in range(40):
+                live.append(UserMessage(turn=1, step=1, text=os.urandom(60_000).hex()))
+
+            with pytest.raises(CheckpointFailed) as info:
+                await live.flush()
+            assert "disk is full" in str(info.value) and "\n" not in str(info.value)
+            assert live.coordinator.queued == 40
+            assert stored_types(url, "s") == ["turn/start"]
+
+            filler.unlink()
+            await live.flush()
+        assert stored_types(url, "s") == ["turn/start"] + ["user/message"] * 40
+        assert [e.seq for e in store.inspect("s").events] == list(range(41))
+
+
+async def test_rm_deletes_a_finished_session_and_refuses_one_live_on_another_machine(tmp_path, pg):
+    schema, url = pg
+    await write_turn(store_on(tmp_path / "a", url), "done")
+    await write_turn(store_on(tmp_path / "a", url), "busy")
+    with connect_to(url) as far:
+        far.execute("SELECT pg_advisory_lock(%s)", (lock_key(schema, "busy"),))
+        with pytest.raises(SessionLocked):
+            store_on(tmp_path / "b", url).delete("busy")
+        store_on(tmp_path / "b", url).delete("done")
+    assert store_on(tmp_path / "b", url).backend.list_ids() == ["busy"]
+    assert stored_types(url, "done") == [] and len(stored_types(url, "busy")) == 3
