@@ -15,7 +15,15 @@ from typing import Any, Sequence
 
 from cairn import __version__
 
-EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, EXIT_LOCKED, EXIT_CORRUPT, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
+from .exit_codes import (  # noqa: F401 (re-exported: callers of cli use these names)
+    EXIT_CANCELLED,
+    EXIT_CORRUPT,
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_TURN_ERROR,
+    EXIT_USAGE,
+    fail,
+)
 
 DESCRIPTION = """\
 Cairn: a terminal agent whose sessions survive a hard crash at any instant.
@@ -25,10 +33,12 @@ Run with no command for the full-screen TUI on a new session in the current dire
 EPILOG = """\
 environment:
   CAIRN_HOME        where sessions live (default: the user data dir for cairn)
-  CAIRN_BACKEND     jsonl (default) or sqlite
-  CAIRN_PROVIDER    demo, script or openai (default: openai when a key is set, else demo; a resumed session keeps
+  CAIRN_BACKEND     jsonl (default), sqlite or postgres
+  CAIRN_DATABASE_URL  the PostgreSQL database of --backend postgres (a libpq URL; never printed)
+  CAIRN_PROVIDER    demo, script, openai or anthropic (default: openai when a key is set, else demo; a resumed session keeps
                     its own provider and model unless one is chosen)
-  CAIRN_MODEL, CAIRN_SCRIPT, CAIRN_BASE_URL, CAIRN_API_KEY (or OPENAI_API_KEY)
+  CAIRN_MODEL, CAIRN_SCRIPT, CAIRN_BASE_URL, CAIRN_API_KEY (or OPENAI_API_KEY / ANTHROPIC_API_KEY)
+  CAIRN_CONFIG, CAIRN_PROFILE  the config file and its profile (see `cairn config`)
   CAIRN_MAX_TOKENS  output token limit per answer (default 8192)
   CAIRN_TIMEOUT     seconds to wait for the model's next bytes (default 120; 0 = no limit)
   CAIRN_MAX_RETRIES retries of a failed request before any of the answer arrived (default 4)
@@ -42,13 +52,20 @@ def common_options(default: Any = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, argument_default=default)
     g = p.add_argument_group("common options")
     g.add_argument("--home", metavar="DIR", help="session storage directory (= CAIRN_HOME)")
-    g.add_argument("--backend", choices=["jsonl", "sqlite"], help="storage backend (= CAIRN_BACKEND; default jsonl)")
-    g.add_argument("--provider", choices=["demo", "script", "openai"], help="model provider (= CAIRN_PROVIDER)")
+    g.add_argument("--backend", choices=["jsonl", "sqlite", "postgres"],
+                   help="storage backend (= CAIRN_BACKEND; default jsonl)")
+    g.add_argument("--database-url", metavar="URL",
+                   help="PostgreSQL database for --backend postgres (= CAIRN_DATABASE_URL; a libpq URL)")
+    g.add_argument("--provider", choices=["demo", "script", "openai", "anthropic"],
+                   help="model provider (= CAIRN_PROVIDER)")
     g.add_argument("--model", metavar="NAME", help="model name (= CAIRN_MODEL)")
     g.add_argument("--script", metavar="FILE", help="JSON script for the script provider (= CAIRN_SCRIPT)")
     g.add_argument("--workspace", metavar="DIR", help="directory the tools work in (default: current directory)")
     g.add_argument("--base-url", metavar="URL", help="OpenAI-compatible server (= CAIRN_BASE_URL)")
     g.add_argument("--max-tokens", metavar="N", help="output token limit per answer (= CAIRN_MAX_TOKENS; default 8192)")
+    g.add_argument("--profile", metavar="NAME", help="profile of the config file to use (= CAIRN_PROFILE)")
+    g.add_argument("--config", metavar="FILE", help="config file (= CAIRN_CONFIG; default: the user config dir's "
+                   "cairn/config.toml)")
     return p
 
 
@@ -77,24 +94,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print every event as one JSON line instead of text")
     run.add_argument("prompt", nargs="+", metavar="PROMPT", help="the prompt (several words are joined; - reads stdin)")
 
-    s = sub.add_parser("sessions", parents=[common], help="list sessions")
+    s = sub.add_parser("sessions", parents=[common], help="list this workspace's sessions (--all: every one)")
     s.add_argument("--json", action="store_true", help="one JSON object per session per line")
+    s.add_argument("--all", action="store_true", help="sessions of every directory, not only this workspace's")
+
+    rm = sub.add_parser("rm", parents=[common], help="delete finished sessions (a live one is refused, exit 3)")
+    rm.add_argument("session_ids", nargs="+", metavar="SESSION_ID")
+
+    ex = sub.add_parser("export", parents=[common], help="a session as a readable transcript or as JSON lines")
+    ex.add_argument("session_id", metavar="SESSION_ID")
+    ex.add_argument("--format", choices=["md", "json"], default="md",
+                    help="md: Markdown transcript, recovered calls and verdicts marked (default); json: the events")
 
     show = sub.add_parser("show", parents=[common], help="print a session as repair would leave it, without writing")
     show.add_argument("session_id", metavar="SESSION_ID")
     show.add_argument("--json", action="store_true", help="one event per line, as stored")
 
+    ins = sub.add_parser("inspect", parents=[common], help="read-only event history of a session (TUI); never locks or writes")
+    ins.add_argument("session_id", metavar="SESSION_ID")
+    ins.add_argument("--follow", action="store_true", help="keep showing the events another process is writing")
+
     sub.add_parser("acp", parents=[common], help="run as an Agent Client Protocol agent over stdio")
+
+    c = sub.add_parser("config", parents=[common], help="show the effective configuration and where each value came from")
+    c.add_argument("--json", action="store_true", help="one JSON object")
     return parser
-
-
-def fail(message: str, code: int) -> int:
-    """One line on stderr. The message may quote a server, a file or a session id: it is made terminal-safe and kept
-    on one line."""
-    from .terminal_text import safe_text
-
-    print("cairn: " + " ".join(safe_text(message).split()), file=sys.stderr)
-    return code
 
 
 def exit_code_for(error: BaseException) -> int | None:
@@ -132,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def open_store(config: Any):  # -> SessionStore; without importing the agent (fast start-up)
     from cairn.persistence.store import SessionStore
 
-    return SessionStore(config.home, config.backend)
+    return SessionStore(config.home, config.backend, getattr(config, "database_url", None))
 
 
 def config_from(args: argparse.Namespace, runs_model: bool = True):  # -> Config
@@ -141,7 +165,8 @@ def config_from(args: argparse.Namespace, runs_model: bool = True):  # -> Config
 
     return resolve_config(
         home=args.home, backend=args.backend, provider=args.provider, model=args.model, script=args.script,
-        workspace=args.workspace, base_url=args.base_url, max_tokens=args.max_tokens, runs_model=runs_model,
+        workspace=args.workspace, base_url=args.base_url, max_tokens=args.max_tokens,
+        database_url=args.database_url, profile=args.profile, config_file=args.config, runs_model=runs_model,
     )
 
 
@@ -155,9 +180,22 @@ def dispatch(args: argparse.Namespace) -> int:
         return sessions_command(args, config_from(args, runs_model=False))
     if command == "show":
         return show_command(args, config_from(args, runs_model=False))
+    if command in ("rm", "export"):
+        from .housekeeping import export_command, rm_command
+
+        store = open_store(config_from(args, runs_model=False))
+        return rm_command(args, store) if command == "rm" else export_command(args, store)
+    if command == "inspect":
+        from .screens.inspector import inspect_command  # Textual: imported for this command only
+
+        return inspect_command(args, config_from(args, runs_model=False))
+    if command == "config":
+        from .config_command import config_command
+
+        return config_command(args, config_from(args))
     if command == "acp":
         try:
-            from .acp_serve import run_acp
+            from .acp.serve import run_acp
         except ModuleNotFoundError as e:
             if (e.name or "").split(".")[0] not in ("acp", "pydantic", "pydantic_core"):
                 raise
@@ -232,23 +270,36 @@ def sessions_command(args: argparse.Namespace, config: Any) -> int:
 
     store = open_store(config)
     summaries = store.list_sessions()
+    if not getattr(args, "all", False):  # this workspace's sessions; unreadable ones (cwd unknown) always show
+        here = os.path.realpath(config.workspace)
+        summaries = [s for s in summaries if s.status == "unreadable" or os.path.realpath(s.cwd or "/") == here]
     if args.json:
         for s in summaries:
             row = msgspec.to_builtins(s)
             sys.stdout.write(msgspec.json.encode(row).decode() + "\n")
         return EXIT_OK
     if not summaries:
-        print(f"no sessions yet under {safe_text(str(config.home))}", file=sys.stderr)
+        where = "" if getattr(args, "all", False) else " for this directory (cairn sessions --all lists every one)"
+        print(f"no sessions yet under {safe_text(str(config.home))}{where}", file=sys.stderr)
         return EXIT_OK
-    rows = [("ID", "STATUS", "EVENTS", "UPDATED", "CWD", "FIRST PROMPT")]
+    rows = [("ID", "STATUS", "EVENTS", "SIZE", "UPDATED", "CWD", "FIRST PROMPT")]
     for s in summaries:
         what = s.first_prompt if s.status != "unreadable" else f"({s.reason})"
-        row = (s.id, s.status, str(s.events), format_time(s.updated), s.cwd, first_line(what, 50))
+        size = human_size(s.size) if s.size is not None else "?"
+        row = (s.id, s.status, str(s.events), size, format_time(s.updated), s.cwd, first_line(what, 50))
         rows.append(tuple(safe_text(cell) for cell in row))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
-        print("  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5])
+        print("  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
     return EXIT_OK
+
+
+def human_size(size: int) -> str:
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size}{unit}" if unit == "B" else f"{size:.0f}{unit}"
+        size /= 1000  # type: ignore[assignment]
+    return f"{size:.1f}GB"
 
 
 def show_command(args: argparse.Namespace, config: Any) -> int:

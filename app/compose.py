@@ -18,7 +18,7 @@ from cairn.persistence.store import OpenedSession, SessionStore
 from . import failpoints
 from .approval import Approver, headless_approver
 from .compaction import context_window_for
-from .config import Config, config_for_session, make_provider, provider_secrets
+from .config import Config, config_for_session, database_secrets, make_provider, provider_secrets
 from .hooks import Hooks
 from .loop import AgentLoop, TurnResult
 from .policy import CheckpointPolicy
@@ -43,7 +43,7 @@ class Agent:
 
 
 def open_store(config: Config) -> SessionStore:
-    return SessionStore(config.home, config.backend)
+    return SessionStore(config.home, config.backend, getattr(config, "database_url", None))
 
 
 def close_unused(opened: OpenedSession) -> None:
@@ -79,7 +79,7 @@ async def mount_agent(
 
     The provider's secrets (its key, credentials in its base URL) are registered with the session before the loop can
     append anything, so no event ever stores them."""
-    secrets = provider_secrets(provider)
+    secrets = provider_secrets(provider) + database_secrets(getattr(config, "database_url", None))
     if secrets:
         session.add_secrets(secrets)
     hooks = Hooks()
@@ -95,6 +95,7 @@ async def mount_agent(
         session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks,
         max_retries=config.max_retries,
         context_window=getattr(config, "context_window", None) or context_window_for(provider.model),
+        profile=getattr(config, "profile", None),
     )
     await stack.enter_async_context(loop)
     return Agent(session, loop, policy, provider, config)

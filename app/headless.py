@@ -32,8 +32,8 @@ from cairn.persistence.events import (
 )
 
 from .approval import headless_approver
-from .cli import EXIT_CANCELLED, EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, fail
 from .compose import Agent, open_agent
+from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, fail
 from .render import first_line, result_status, summarize_arguments
 from .terminal_text import safe_text
 
@@ -197,6 +197,15 @@ def limit_words(agent: Agent) -> str:
 
 
 async def _cancel_on_signal(loop: Any) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed) cancel the turn in order: the running command's process group
+    is stopped, the real closing events are appended, the final flush and unlock follow. A second signal exits at once;
+    the log is still repairable (that is what repair is for)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        first = True
+        async for signum in signals:
+            if not first:
+                print(f"cairn: {signal.Signals(signum).name} again: exiting now (the session can be resumed)",
+                      file=sys.stderr)
+                os._exit(EXIT_CANCELLED)
+            first = False
             loop.cancel()

@@ -50,6 +50,16 @@ def first_line(text: str, limit: int = 100) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def fence(content: str, info: str = "") -> str:
+    """`content` as a Markdown code block whose fence is longer than any backtick run inside it, so a file that holds
+    fences of its own (a README) can never close the block early."""
+    import re
+
+    longest = max((len(run) for run in re.findall(r"`+", content)), default=0)
+    marks = "`" * max(3, longest + 1)
+    return f"{marks}{info}\n{content.rstrip(chr(10))}\n{marks}"
+
+
 def format_time(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ms / 1000))
 

@@ -63,5 +63,11 @@ class Backend(ABC):
     @abstractmethod
     def list_ids(self) -> list[str]: ...
 
+    def delete(self, session_id: str) -> None:
+        """Remove a session for good. The store calls it holding the session's lock (so never on a live session)."""
+        from .errors import StoreUnavailable
+
+        raise StoreUnavailable(f"the {self.name} backend cannot delete sessions")
+
     def check_writable(self) -> None:
         """Raise StoreUnavailable early (at start, not mid-turn) when sessions cannot be written."""

@@ -73,6 +73,7 @@ class RequestHeader(Event, tag="request/header", kw_only=True):
     params: dict[str, Any]
     tools: list[str]
     message_count: int
+    profile: str | None = None  # rev 2: the config-file profile the provider settings came from (None: none)
 
 
 class AssistantChunk(Event, tag="assistant/chunk", kw_only=True):

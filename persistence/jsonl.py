@@ -270,6 +270,36 @@ class JsonlBackend(Backend):
     def exists(self, session_id: str) -> bool:
         return os.path.lexists(self.path(session_id))
 
+    def delete(self, session_id: str) -> None:
+        """Unlink the session file (and the torn-tail copies beside it), after taking the file's own flock: a writer
+        whose lock file was deleted still holds that one, so a live session is never removed under it."""
+        path = self.path(session_id)
+        try:
+            fd = self._open_existing(session_id, os.O_RDONLY)
+        except NotASessionFile:
+            fd = None  # a directory or FIFO squatting on the name: removing the name is what the user asked for
+        try:
+            if fd is not None:
+                flock_session_file(fd, session_id)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+            for torn in self.dir.glob(f"{session_id}.jsonl.torn-*"):
+                torn.unlink()
+            fsync_dir(self.dir)
+        except OSError as e:
+            raise StoreUnavailable(f"cannot delete {path}: {e.strerror}", e) from None
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def size(self, session_id: str) -> int | None:
+        try:
+            return os.lstat(self.path(session_id)).st_size
+        except OSError:
+            return None
+
     def modified_ms(self, session_id: str) -> int:
         try:
             return os.lstat(self.path(session_id)).st_mtime_ns // 1_000_000

@@ -338,6 +338,30 @@ class SqliteBackend(Backend):
         finally:
             conn.close()
 
+    def size(self, session_id: str) -> int | None:
+        conn = self._read_conn()
+        if conn is None:
+            return None
+        try:
+            (total,) = conn.execute("SELECT SUM(LENGTH(body)) FROM events WHERE session_id = ?", (session_id,)).fetchone()
+            return int(total or 0)
+        except sqlite3.Error:
+            return None
+        finally:
+            conn.close()
+
+    def delete(self, session_id: str) -> None:
+        conn = self._open_for_writing()
+        try:
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
+                conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        except sqlite3.Error as e:
+            raise translate(e, self.path, "delete a session from", self.open_busy_timeout) from None
+        finally:
+            conn.close()
+
     def list_ids(self) -> list[str]:
         """Every session id. A database that cannot be read raises: a failing disk must not look like no sessions."""
         conn = self._read_conn()

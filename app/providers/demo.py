@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 
+from ..render import fence
 from .base import ModelRequest, RawToolCall, StreamEnd, StreamItem, TextDelta
 
 HELP = (
@@ -96,7 +97,7 @@ class DemoProvider:
             content = content[:2000] + "\n…"
         if not content:
             return "Done; the tool returned nothing."
-        return f"Here is what came back:\n\n```\n{content}\n```"
+        return f"Here is what came back:\n\n{fence(content)}"
 
     async def aclose(self) -> None:
         pass

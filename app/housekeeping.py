@@ -1,0 +1,107 @@
+"""`cairn rm` and `cairn export`: sessions that end well, not only accumulate (SPEC §6 rev 2).
+
+`rm` deletes finished sessions and refuses a live one (exit 3), taking the same lock a writer takes, so it can never
+pull a log from under a running turn. `export` writes a session as repair would leave it, without writing to it: a
+readable Markdown transcript with recovered calls and operator verdicts marked, or the events as JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cairn.persistence.events import (
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
+    AnyEvent,
+    AssistantMessage,
+    ContextCompaction,
+    RecoveryVerdict,
+    ToolCall,
+    ToolResult,
+    TurnEnd,
+    TurnStart,
+    UserMessage,
+    encode_event,
+)
+
+from .exit_codes import EXIT_LOCKED, EXIT_OK
+from .render import fence, format_time, summarize_arguments
+
+RECOVERY_WORDS = {TOOL_OUTCOME_UNKNOWN: "OUTCOME_UNKNOWN", TOOL_NOT_STARTED: "NOT_STARTED"}
+
+
+def rm_command(args: argparse.Namespace, store: Any) -> int:
+    """Delete each named session; a live or unknown one is reported and the others are still deleted. The exit code
+    is the worst one met (3 for a live session, 2 for an unknown id)."""
+    from cairn.persistence.errors import PersistenceError, SessionLocked
+
+    from .cli import exit_code_for, fail
+    from .terminal_text import safe_text
+
+    worst = EXIT_OK
+    for session_id in args.session_ids:
+        try:
+            store.delete(session_id)
+        except SessionLocked as e:
+            worst = max(worst, fail(str(e), EXIT_LOCKED))
+        except PersistenceError as e:
+            worst = max(worst, fail(str(e), exit_code_for(e) or 1))
+        else:
+            print(f"deleted {safe_text(session_id)}")
+    return worst
+
+
+def export_command(args: argparse.Namespace, store: Any) -> int:
+    inspection = store.inspect(args.session_id)
+    events = inspection.events + inspection.repair
+    out = sys.stdout
+    if args.format == "json":
+        stored = len(inspection.events)
+        for i, e in enumerate(events):
+            line = encode_event(e)
+            if i >= stored:  # not in the log yet: what repair will append when the session is resumed
+                line = line[:-1] + b',"repair":true}'
+            out.buffer.write(line + b"\n")
+        out.flush()
+        return EXIT_OK
+    out.write(markdown(inspection.header.id, inspection.header.cwd, events, len(inspection.events)))
+    return EXIT_OK
+
+
+def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> str:
+    """A transcript people can read: prompts, answers, tool calls with their outcome, recovery marked."""
+    lines = [f"# Cairn session {session_id}", "", f"- workspace: `{cwd}`"]
+    if events:
+        lines.append(f"- from {format_time(events[0].time)} to {format_time(events[-1].time)}, {len(events)} events")
+    if stored < len(events):
+        lines.append(f"- the log ends inside a turn: the last {len(events) - stored} events are what repair will add")
+    calls: dict[int, ToolCall] = {}
+    for i, e in enumerate(events):
+        if isinstance(e, TurnStart):
+            lines += ["", f"## Turn {e.turn}"]
+        elif isinstance(e, UserMessage):
+            lines += ["", *(f"> {line}" for line in e.text.splitlines() or [""])]
+        elif isinstance(e, AssistantMessage) and (e.text or e.interrupted):
+            lines += ["", e.text.rstrip() or "_(interrupted before any text)_"]
+            if e.interrupted and e.text:
+                lines.append("_(interrupted)_")
+        elif isinstance(e, ToolCall) and e.parent_call_id is None:
+            calls[e.seq] = e
+        elif isinstance(e, ToolResult):
+            call = calls.get(e.source_seq) if e.source_seq is not None else None
+            name = call.name if call else "a tool"
+            arguments = summarize_arguments(call.arguments) if call else ""
+            status = RECOVERY_WORDS.get(e.error_code or "", e.error_code or "ok")
+            marker = " **(recovered after a crash)**" if i >= stored or e.error_code in RECOVERY_WORDS else ""
+            lines += ["", f"**{name}**({arguments}) `{e.call_id}` → {status}{marker}", fence(e.content, "text")]
+        elif isinstance(e, RecoveryVerdict):
+            note = f" — {e.note}" if e.note else ""
+            lines += ["", f"**Operator verdict** on `{e.call_id}`: {e.verdict}{note}"]
+        elif isinstance(e, ContextCompaction):
+            lines += ["", f"_Context compacted here (events through seq {e.through_seq} summarised)._"]
+        elif isinstance(e, TurnEnd) and e.reason != "completed":
+            error = f": {e.error.code} {e.error.message}" if e.error else ""
+            lines += ["", f"_Turn {e.turn} ended {e.reason}{error}_"]
+    return "\n".join(lines) + "\n"
