@@ -55,7 +55,7 @@ def show_json(env: dict, session_id: str) -> list[dict]:
 
 
 def only_session(env: dict) -> str:
-    proc = cairn(env, "sessions", "--json")
+    proc = cairn(env, "sessions", "--all", "--json")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(rows) == 1
@@ -116,9 +116,9 @@ def test_run_json_prints_every_event_as_a_json_line(env):
 
 def test_sessions_lists_status_and_first_prompt(env):
     assert cairn(env, "run", "hello there").returncode == 0
-    rows = [json.loads(line) for line in cairn(env, "sessions", "--json").stdout.splitlines()]
+    rows = [json.loads(line) for line in cairn(env, "sessions", "--all", "--json").stdout.splitlines()]
     assert rows[0]["status"] == "completed" and rows[0]["first_prompt"] == "hello there"
-    table = cairn(env, "sessions")
+    table = cairn(env, "sessions", "--all")
     assert "completed" in table.stdout and "hello there" in table.stdout
 
 
@@ -173,7 +173,7 @@ def test_bad_options_and_config_are_usage_errors(env, tmp_path):
     assert_one_line_error(cairn(env, "run", "--provider", "script", "hi"), 2, "--script")
     assert_one_line_error(cairn(env, "run", "--workspace", str(tmp_path / "missing"), "hi"), 2, "not a directory")
     assert_one_line_error(cairn(env, "show", "../etc"), 2, "invalid session id")
-    assert cairn(env, "sessions", "--json").stdout == ""  # nothing was created by the failures
+    assert cairn(env, "sessions", "--all", "--json").stdout == ""  # nothing was created by the failures
 
 
 def test_locked_session_exits_3_naming_the_holder(env):

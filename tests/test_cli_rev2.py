@@ -64,7 +64,7 @@ def show_json(env: dict, session_id: str) -> list[dict]:
 
 
 def sessions_json(env: dict) -> list[dict]:
-    proc = cairn(env, "sessions", "--json")
+    proc = cairn(env, "sessions", "--all", "--json")
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
@@ -107,7 +107,7 @@ def test_show_and_sessions_work_whatever_the_provider_configuration(env):
     for extra in (broken, {"CAIRN_PROVIDER": "psychic"}):
         show = cairn(env, "show", "fine", **extra)
         assert show.returncode == 0 and "hello" in show.stdout, show.stderr
-        listing = cairn(env, "sessions", **extra)
+        listing = cairn(env, "sessions", "--all", **extra)
         assert listing.returncode == 0 and "fine" in listing.stdout, listing.stderr
     assert_one_line_error(cairn(env, "run", "again", **broken), 2)  # a model run still checks them
 
@@ -236,7 +236,7 @@ def test_key_and_url_credentials_never_reach_the_log_or_the_output(env, tmp_path
         host = server.base_url.split("://", 1)[1]
         url = f"http://bob:pw-SECRET-1@{host}"  # (the test server routes no query string: see the next test for one)
         proc = cairn(env, "run", "--provider", "openai", "--base-url", url, "say the key", CAIRN_API_KEY=KEY)
-        listing = cairn(env, "sessions", "--json")
+        listing = cairn(env, "sessions", "--all", "--json")
     assert proc.returncode == 0, proc.stderr
     session_id = json.loads(listing.stdout.splitlines()[0])["id"]
     shown = cairn(env, "show", session_id)
@@ -260,7 +260,7 @@ def test_escape_sequences_from_model_tool_and_prompt_never_reach_the_terminal_ra
     run = cairn(env, "run", "--provider", "script", "--script", str(script), "--yes", "--session-id", "esc", prompt)
     assert run.returncode == 0, run.stderr
     show = cairn(env, "show", "esc")
-    listing = cairn(env, "sessions")
+    listing = cairn(env, "sessions", "--all")
     for proc in (run, show, listing):
         out = proc.stdout + proc.stderr
         assert "\x1b" not in out and "\x07" not in out and "\r" not in out, out

@@ -69,7 +69,7 @@ def assert_one_line(proc: subprocess.CompletedProcess, code: int, *needles: str)
 
 
 def listed(home: Path, backend: str = "jsonl") -> dict[str, dict]:
-    proc = cairn(home, "--backend", backend, "sessions", "--json")
+    proc = cairn(home, "--backend", backend, "sessions", "--all", "--json")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return {row["id"]: row for row in map(json.loads, proc.stdout.splitlines())}
 
@@ -239,7 +239,7 @@ def test_unreadable_file_is_listed_and_a_read_only_one_cannot_be_resumed(tmp_pat
     (home / "sessions" / "secret.jsonl").chmod(0o000)
     (home / "sessions" / "frozen.jsonl").chmod(0o400)
 
-    rows = {r["id"]: r for r in map(json.loads, cairn(home, "sessions", "--json", prefix=prefix).stdout.splitlines())}
+    rows = {r["id"]: r for r in map(json.loads, cairn(home, "sessions", "--all", "--json", prefix=prefix).stdout.splitlines())}
     assert (rows["secret"]["status"], "Permission denied" in rows["secret"]["reason"]) == ("unreadable", True)
     assert rows["good"]["status"] == rows["frozen"]["status"] == "completed"
     assert_one_line(cairn(home, "show", "secret", prefix=prefix), 2, "secret.jsonl")
@@ -367,7 +367,7 @@ async def test_foreign_or_corrupt_sqlite_file_is_one_line_and_left_untouched(tmp
                     lambda: store.create("/w", "s")):
         with pytest.raises(CorruptDatabase):
             attempt()
-    for args in (["sessions"], ["show", "s"], ["run", "--resume", "s", "hi"], ["run", "hi"]):
+    for args in (["sessions", "--all"], ["show", "s"], ["run", "--resume", "s", "hi"], ["run", "hi"]):
         assert_one_line(cairn(home, "--backend", "sqlite", *args), 4, "sessions.sqlite3")
     assert db.read_bytes() == before
 
@@ -385,7 +385,7 @@ async def test_sqlite_store_that_cannot_be_read_is_an_error_not_an_empty_list(tm
         leftover.unlink()
     home.chmod(0o500)
     try:
-        proc = cairn(home, "--backend", "sqlite", "sessions", prefix=prefix)
+        proc = cairn(home, "--backend", "sqlite", "sessions", "--all", prefix=prefix)
     finally:
         home.chmod(0o700)
     assert "no sessions yet" not in proc.stderr

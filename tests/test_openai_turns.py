@@ -58,7 +58,7 @@ def test_provider_errors_end_the_turn_with_exit_1_and_never_store_the_key(tmp_pa
             assert proc.returncode == 1, proc.stderr
             assert needle in proc.stderr and "Traceback" not in proc.stderr
             assert KEY not in proc.stderr
-    ids = subprocess.run([CAIRN, "sessions"], env={"PATH": os.environ["PATH"], "CAIRN_HOME": str(tmp_path / "home")},
+    ids = subprocess.run([CAIRN, "sessions", "--all"], env={"PATH": os.environ["PATH"], "CAIRN_HOME": str(tmp_path / "home")},
                          capture_output=True, text=True).stdout
     assert ids.count("  error  ") == 3  # an errored turn is closed (turn/end error), so the session is resumable
     assert_key_nowhere(tmp_path / "home")

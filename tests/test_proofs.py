@@ -420,7 +420,7 @@ def test_malformed_scripts_are_one_line_usage_errors_and_create_nothing(jrig):
         assert_one_line_error(proc, 2, str(path), words[name])
     missing = jrig.io / "missing.json"
     assert_one_line_error(jrig.run("run", "--provider", "script", "--script", str(missing), "hi"), 2, "does not exist")
-    assert jrig.run("sessions", "--json").stdout == ""
+    assert jrig.run("sessions", "--all", "--json").stdout == ""
 
 
 def test_unknown_provider_or_backend_is_a_usage_error(jrig):
@@ -430,7 +430,7 @@ def test_unknown_provider_or_backend_is_a_usage_error(jrig):
     proc = jrig.run("run", "--provider", "psychic", "hi")  # argparse's own refusal: usage, then the error
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "invalid choice: 'psychic'" in proc.stderr.strip().splitlines()[-1]
-    assert jrig.run("sessions", "--json").stdout == ""
+    assert jrig.run("sessions", "--all", "--json").stdout == ""
 
 
 def test_common_options_work_before_the_command_too(jrig, tmp_path):
@@ -443,7 +443,7 @@ def test_common_options_work_before_the_command_too(jrig, tmp_path):
 
     assert proc.returncode == 0, proc.stderr
     assert (other / "sessions.sqlite3").exists() and not jrig.home.exists()
-    listed = jrig.run("--home", str(other), "--backend", "sqlite", "sessions", "--json")
+    listed = jrig.run("--home", str(other), "--backend", "sqlite", "sessions", "--all", "--json")
     assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == ["here"]
     assert jrig.run("--home", str(other), "--backend", "sqlite", "show", "here").returncode == 0
 
@@ -484,7 +484,7 @@ def test_a_corrupt_event_in_the_middle_exits_4_naming_path_and_line_and_leaves_t
     assert_one_line_error(rig.run("show", "bad", "--json"), 4, where)
 
     assert rig.raw_log("bad") == damaged, "nothing was repaired, truncated or appended"
-    listing = rig.run("sessions", "--json")
+    listing = rig.run("sessions", "--all", "--json")
     rows = {row["id"]: row for row in map(json.loads, listing.stdout.splitlines())}
     assert listing.returncode == 0 and set(rows) == {"healthy", "bad"}
     assert rows["healthy"]["status"] == "completed"
