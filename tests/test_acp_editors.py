@@ -170,7 +170,7 @@ async def test_a_verdict_sent_as_a_slash_command_is_recorded_before_the_next_tur
             said = [u.content.text for u in client.updates if u.session_update == "agent_message_chunk"][-1]
             await prompt(agent.conn, "crashed", "carry on")
             request = server.wait_for_requests(1)
-    assert [c.name for c in commands] == ["verdict", "usage", "sessions"]
+    assert [c.name for c in commands] == ["verdict", "usage", "sessions", "compact"]
     assert bad.stop_reason == ok.stop_reason == "end_turn"
     assert said_bad.startswith("usage: /verdict") and "call_side" in said_bad
     assert said.startswith("Recorded: `call_side` happened")
@@ -204,6 +204,25 @@ async def test_the_first_prompt_names_the_session_and_usage_and_sessions_answer_
     # the commands arrived after the client knew the session
     first = client.all_updates[0]
     assert first.session_update == "available_commands_update"
+
+
+async def test_compact_summarises_before_the_next_request_and_keeps_turns_going(rig):
+    responses = [{"text": "first answer"}, {"text": "We talked about the first thing."}, {"text": "second answer"}]
+    client = RecordingClient()
+    async with connect(rig, client, script_env(rig, responses)) as agent:
+        sid = (await agent.conn.new_session(cwd=str(rig.ws))).session_id
+        await prompt(agent.conn, sid, "first thing")
+        await prompt(agent.conn, sid, "/compact")
+        done = await prompt(agent.conn, sid, "second thing")
+    assert done.stop_reason == "end_turn"
+    said = [u.content.text for u in client.updates if u.session_update == "agent_message_chunk"]
+    assert any("compacted before the next request" in s for s in said)
+    events = rig.show(sid)
+    (compaction,) = [e for e in events if e["type"] == "context/compaction"]
+    assert compaction["summary"] == "We talked about the first thing."
+    kinds = [e["type"] for e in events]
+    assert kinds.index("context/compaction") < max(i for i, k in enumerate(kinds) if k == "request/header")
+    assert said[-1] == "second answer"
 
 
 # --------------------------------------------------------------------------------------------------- protocol edges

@@ -16,7 +16,7 @@ One ACP session is one Cairn session (same id), composed, checkpointed and repai
 
 Slash commands (offered with `available_commands_update`): `/verdict <call_id> happened|did_not_happen|unknown
 [note]` records an operator's verdict on an OUTCOME_UNKNOWN call as `recovery/verdict` between turns, as the TUI's
-resume screen does, so the model sees it in the next request; `/usage` and `/sessions` answer with a short message.
+resume screen does, so the model sees it in the next request; `/usage` and `/sessions` answer with a short message; `/compact` has the next request compacted first.
 The first prompt names the session (`session_info_update`, and the title in `session/list`).
 
 Stop reasons: a completed turn → `end_turn`; a cancelled one (`session/cancel`, a dismissed permission request, or
@@ -103,6 +103,8 @@ COMMANDS = [
                          hint="<call_id> happened|did_not_happen|unknown [note]"))),
     AvailableCommand(name="usage", description="Tokens this session has used so far"),
     AvailableCommand(name="sessions", description="Cairn sessions in this workspace, newest first"),
+    AvailableCommand(name="compact", description="Summarise the conversation so far before the next request "
+                     "(unresolved recovered calls are kept verbatim)"),
 ]
 
 
@@ -258,6 +260,12 @@ class CairnAgent:
             totals = usage_totals(events, USAGE_FIELDS)
             shown = format_usage(totals)
             return f"Tokens used in this session: {shown}." if shown else "No token usage reported in this session yet."
+        if name == "/compact":
+            if host.agent is None:
+                return "Nothing to compact yet."
+            host.agent.loop.compact_next = True
+            return ("The conversation will be compacted before the next request: earlier turns become a summary, "
+                    "and calls whose outcome is unknown are kept verbatim.")
         if name == "/sessions":
             here = host.config.workspace
             rows = [f"- `{s.id}` {format_time(s.updated)} — {first_line(shown_prompt(s.first_prompt or ''), 60) or '(empty)'}"
