@@ -3,7 +3,8 @@ with a modal, ACP asks the client, headless runs decide from `--yes`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from cairn.persistence.events import Decision
@@ -19,7 +20,78 @@ class ApprovalRequest:
     step: int
 
 
-Approver = Callable[[ApprovalRequest], Awaitable[Decision]]
+@dataclass(frozen=True)
+class ApprovalAnswer:
+    """A decision with what only an interactive face can add: a note the model gets with a denial, and, for an
+    `allowed_session` on `run_command`, the command prefix the grant is limited to ("" = the whole tool)."""
+
+    decision: Decision
+    note: str = ""
+    command_prefix: str = ""
+
+
+Approver = Callable[[ApprovalRequest], Awaitable["Decision | ApprovalAnswer"]]
+
+
+def as_answer(reply: "Decision | ApprovalAnswer") -> ApprovalAnswer:
+    return reply if isinstance(reply, ApprovalAnswer) else ApprovalAnswer(reply)
+
+
+# Anything that could chain, substitute or redirect behind an allowed prefix (`pytest; rm -rf ~`, `pytest $(curl …)`,
+# `pytest > ~/.bashrc`): a command holding one is never covered by a prefix grant, it is asked about.
+SHELL_CONTROL = re.compile(r"[;&|`$<>(){}\n\r\\]")
+
+
+def command_prefix_covers(prefix: str, command: object) -> bool:
+    """`pytest` covers `pytest` and `pytest -q tests`, never `pytest-evil` nor `pytest && rm -rf ~`."""
+    if not isinstance(command, str) or not prefix or SHELL_CONTROL.search(command):
+        return False
+    command = command.strip()
+    return command == prefix or command.startswith(prefix + " ")
+
+
+def first_word(command: object) -> str:
+    """The prefix offered for a session grant: the command's first word (`pytest` of `pytest -q tests`)."""
+    return command.split()[0] if isinstance(command, str) and command.split() else ""
+
+
+@dataclass
+class Grants:
+    """What the operator allowed for this session: whole tools, or `run_command` limited to command prefixes. Held
+    in memory only (a reopened session asks again), listed in the TUI's status bar and revocable with /permissions."""
+
+    tools: set[str] = field(default_factory=set)
+    command_prefixes: set[str] = field(default_factory=set)
+
+    def covers(self, name: str, arguments: object) -> bool:
+        if name in self.tools:
+            return True
+        command = arguments.get("command") if isinstance(arguments, dict) and name == "run_command" else None
+        return any(command_prefix_covers(p, command) for p in self.command_prefixes)
+
+    def add(self, name: str, command_prefix: str = "") -> None:
+        if name == "run_command" and command_prefix:
+            self.command_prefixes.add(command_prefix)
+        else:
+            self.tools.add(name)
+
+    def labels(self) -> list[str]:
+        """One label per grant, as shown and as `/permissions revoke LABEL` takes it."""
+        return sorted(self.tools) + sorted(f"run_command: {p}" for p in self.command_prefixes)
+
+    def revoke(self, label: str) -> bool:
+        if label in self.tools:
+            self.tools.discard(label)
+            return True
+        prefix = label.removeprefix("run_command: ")
+        if label.startswith("run_command: ") and prefix in self.command_prefixes:
+            self.command_prefixes.discard(prefix)
+            return True
+        return False
+
+    def clear(self) -> None:
+        self.tools.clear()
+        self.command_prefixes.clear()
 
 
 def needs_approval(safety: str) -> bool:

@@ -159,6 +159,7 @@ class AgentLoop:
         max_retries: int = 4,
         retry_base_delay: float = 0.5,
         context_window: int | None = None,
+        profile: str | None = None,
     ) -> None:
         self.session = session
         self.provider = provider
@@ -178,6 +179,7 @@ class AgentLoop:
         # tokens the model accepts per request (None: its family's default); compaction keeps requests inside it
         self.context_window = context_window
         self.compact_next = False  # `/compact`: compact before the next request whatever its size
+        self.profile = profile  # recorded in each request/header, so a resumed session can name it
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
         self._next_turn = 1 + max((e.turn for e in session.events if isinstance(e, TurnStart)), default=0)
@@ -333,6 +335,7 @@ class AgentLoop:
             RequestHeader(
                 turn=st.turn, step=st.step or 0, provider=self.provider.name, model=self.provider.model,
                 params=request.params, tools=[t.name for t in request.tools], message_count=len(request.messages),
+                profile=self.profile,
             )
         )
         return request

@@ -1,21 +1,59 @@
 """The full-screen Textual app. The CLI opens (or repairs) the session before the app starts, so a locked or corrupt
 session is a one-line error, not a broken screen. Choosing another session in the sessions screen ends this app after
-an ordered shutdown; the CLI then starts it again on the chosen session."""
+an ordered shutdown; the CLI then starts it again on the chosen session.
+
+The app also routes keys away from an approval modal that is not ready to take a decision (type-ahead; see
+`screens/approval.py`), offers the slash commands in the command palette (Ctrl+P) beside Textual's own (themes among
+them), and remembers the theme chosen in `CAIRN_HOME/tui.json`.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from functools import partial
+from typing import Any
+
+from textual import events
 from textual.app import App
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from .config import Config, make_provider
+from .screens.approval import ApprovalModal
 from .screens.chat import ChatScreen
+from .screens.confirm import ConfirmDialog
 from .screens.sessions import SessionChoice, SessionsScreen
+from .slash_commands import COMMANDS
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import OpenedSession, SessionStore
+from cairn.widgets.prompt_input import PromptInput
+
+SETTINGS_FILE = "tui.json"
+
+
+class SlashCommandsProvider(Provider):
+    """The slash commands in the palette; each runs exactly as if typed (those taking an argument show its use)."""
+
+    def _commands(self) -> list[tuple[str, str, Any]]:
+        app = self.app
+        assert isinstance(app, CairnApp)
+        return [(f"/{c.name}", c.help, partial(app.run_slash, c.name)) for c in COMMANDS]
+
+    async def discover(self) -> Hits:
+        for name, help_text, run in self._commands():
+            yield DiscoveryHit(name, run, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text, run in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), run, help=help_text)
 
 
 class CairnApp(App[SessionChoice | None]):
     TITLE = "Cairn"
-    ENABLE_COMMAND_PALETTE = False
+    COMMANDS = App.COMMANDS | {SlashCommandsProvider}
 
     def __init__(self, config: Config, opened: OpenedSession | None, store: SessionStore) -> None:
         super().__init__()
@@ -25,8 +63,35 @@ class CairnApp(App[SessionChoice | None]):
         self.provider = make_provider(config) if opened is not None else None
         self.chat: ChatScreen | None = None
         self._shutting_down = False
+        theme = self._settings().get("theme")
+        if isinstance(theme, str) and theme in self.available_themes:
+            self.theme = theme
+
+    # -- settings ---------------------------------------------------------------------------------------------------
+
+    def _settings(self) -> dict[str, Any]:
+        try:
+            value = json.loads((self.config.home / SETTINGS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def _remember_theme(self, theme: Any) -> None:
+        settings = self._settings()
+        settings["theme"] = getattr(theme, "name", str(theme))
+        path = self.config.home / SETTINGS_FILE
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = path.with_name(f".{SETTINGS_FILE}.{os.getpid()}")
+            tmp.write_text(json.dumps(settings), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a theme is not worth an error
+
+    # -- lifecycle --------------------------------------------------------------------------------------------------
 
     def on_mount(self) -> None:
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
         if self.session is None:
             self.push_screen(SessionsScreen(self.store), self._chosen)
         else:
@@ -34,13 +99,38 @@ class CairnApp(App[SessionChoice | None]):
             self.chat = ChatScreen(self.session, self.config, self.provider)
             self.push_screen(self.chat)
 
+    async def on_event(self, event: events.Event) -> None:
+        """Keys for an approval modal that belong to typing go to the prompt instead (Ctrl+Q still quits)."""
+        if isinstance(event, events.Key) and not event.is_forwarded and event.key != "ctrl+q":
+            modal = self.screen
+            if isinstance(modal, ApprovalModal) and modal.diverts(event.key, event.time):
+                if self.chat is not None:
+                    self.chat.query_one(PromptInput).take_typed(event.key, event.character)
+                return
+        await super().on_event(event)
+
+    async def run_slash(self, name: str) -> None:
+        if self.chat is not None and self.chat.is_attached:
+            await self.chat.run_slash(name, "")
+
     def action_open_sessions(self) -> None:
         current = self.session.id if self.session else None
         self.push_screen(SessionsScreen(self.store, current), self._chosen)
 
+    def action_new_session(self) -> None:
+        self._chosen(SessionChoice("new"))
+
     def _chosen(self, choice: SessionChoice | None) -> None:
         if choice is None and self.chat is not None:
             return  # back to the chat
+        if self.chat is not None and self.chat.turn_running:
+            def answered(leave: bool | None) -> None:
+                if leave:
+                    self.run_worker(self.shutdown(choice), name="shutdown")
+
+            self.push_screen(ConfirmDialog("A turn is running. Leaving this session cancels it: its closing events "
+                                           "are written, and a command it is running is stopped. Leave?"), answered)
+            return
         self.run_worker(self.shutdown(choice), name="shutdown")
 
     async def action_quit(self) -> None:

@@ -41,6 +41,7 @@ from tui_helpers import (
     SIZE,
     completed_turn,
     crashed_turn,
+    approval_ready,
     ended_turns,
     make_world,
     results,
@@ -221,9 +222,10 @@ async def test_prompts_typed_during_a_turn_are_queued_visibly_and_run_in_order(t
 
         queue = app.chat.query_one("#queue", Static)
         assert queue.has_class("-visible") and queue.display
-        assert str(queue.render()) == "queued: two\nqueued: three"
+        assert str(queue.render()).splitlines() == [
+            "queued: two", "queued: three  (↑ in an empty prompt takes the last one back to edit or drop)"]
         assert "● running · 2 queued" in status_text(app)
-        assert app.chat.agent.loop.queued == ["two", "three"]
+        assert app.chat.pending == ["two", "three"]  # held by the screen (editable) until the loop is free
         assert [e.turn for e in app.session.events if isinstance(e, TurnStart)] == [1]
 
         await until_turns_ended(pilot, app, 3)
@@ -268,7 +270,7 @@ async def test_approval_allow_once_runs_the_tool(tmp_path):
     app = world.new_app()
     async with running(app) as pilot:
         await type_prompt(pilot, "run it")
-        modal = await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal) and app.screen, "the modal")
+        modal = await approval_ready(pilot, app)
         assert modal.request.name == "run_command" and modal.request.safety == "side_effecting"
         card = app.chat.query_one(ToolCard)
         assert card.status == "awaiting approval"
@@ -291,7 +293,7 @@ async def test_approval_deny_records_denied_and_the_tool_never_runs(tmp_path):
     app = world.new_app()
     async with running(app) as pilot:
         await submit(pilot, "run it")
-        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal), "the modal")
+        await approval_ready(pilot, app)
         await pilot.press("d")
         await until_turns_ended(pilot, app)
 
@@ -310,7 +312,7 @@ async def test_approval_allow_for_session_skips_the_modal_for_that_tool_afterwar
     app = world.new_app()
     async with running(app) as pilot:
         await submit(pilot, "run both")
-        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal), "the modal")
+        await approval_ready(pilot, app)
         await pilot.press("s")
         await until_turns_ended(pilot, app)
         assert [e.decision for e in app.session.events if isinstance(e, ApprovalDecided)] == ["allowed_session"]
@@ -343,7 +345,7 @@ async def test_resume_screen_lists_repaired_calls_and_its_verdict_lands_before_t
 
         await pilot.press("v")  # cursor is on the OUTCOME_UNKNOWN row
         await wait_for(pilot, lambda: isinstance(app.screen, VerdictDialog), "the verdict dialog")
-        await pilot.press("down", "enter")  # "It did not happen"
+        await pilot.press("n")  # "It did not happen" highlighted (nothing was preselected)
         await pilot.press("tab")
         assert isinstance(app.focused, Input)
         app.focused.value = "checked the server"
@@ -404,7 +406,7 @@ async def test_sessions_screen_lists_sessions_and_refuses_to_open_a_live_locked_
             table = screen.query_one(DataTable)
             rows = {key.value: [str(cell) for cell in table.get_row(key)] for key in table.rows}
             assert set(rows) == {"older", "held"}
-            assert rows["held"][:3] == ["someone else's session", "live-locked", "7"]
+            assert rows["held"][:3] == ["someone else's session", "live", "7"]  # the words `cairn sessions` uses
             assert rows["older"][:3] == ["list the files", "completed", "7"]
             assert rows["older"][4:] == ["older", "/workspace"]
 

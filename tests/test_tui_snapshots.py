@@ -9,7 +9,9 @@ event loop, so these tests are plain functions.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,7 @@ from cairn.app.screens.sessions import SessionsScreen
 from cairn.app.tui import CairnApp
 from cairn.persistence.events import AssistantChunk, StepEnd, StepStart, TurnStart, UserMessage
 from cairn.persistence.locks import SessionLock
-from tui_helpers import completed_turn, crashed_turn, make_world, wait_for, write_log
+from tui_helpers import approval_ready, completed_turn, crashed_turn, make_world, wait_for, write_log
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.status_bar import StatusBar
 from cairn.widgets.tool_card import ToolCard
@@ -117,15 +119,114 @@ def test_approval_modal(snap_compare, tmp_path):
         {"text": "I will write the greeting.",
          "tool_calls": [{"name": "run_command", "arguments": {"command": "echo hello > greeting.txt"}}]},
     ])
+
+    fixed_workspace(world)
     app = world.new_app()
 
     async def ask(pilot) -> None:
         await submit(pilot, app, "write a greeting file")
-        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal), "the approval modal")
+        await approval_ready(pilot, app)  # the hint line says so once typing can no longer decide it
         await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["awaiting approval"], "card")
+        await background_drawn(pilot, app)
 
     assert snapshot(snap_compare, app, ask)
     assert not (world.workspace / "greeting.txt").exists()
+
+
+async def background_drawn(pilot, app: CairnApp) -> None:
+    """The chat behind a modal is composited from its last paint: repaint it once its events have been applied, or
+    the picture depends on whether a frame happened to fall between the events and the modal."""
+    app.chat.refresh(layout=True)
+    app.screen.refresh(layout=True)
+    await pilot.pause()
+    await pilot.pause()
+
+
+SNAPSHOT_WORKSPACE = Path("/tmp/cairn-snapshot-workspace")
+
+
+def fixed_workspace(world) -> Path:
+    """Previews show the directory a command runs in: a fixed one, so the picture does not carry pytest's tmp path."""
+    shutil.rmtree(SNAPSHOT_WORKSPACE, ignore_errors=True)
+    SNAPSHOT_WORKSPACE.mkdir(parents=True)
+    world.config.workspace = SNAPSHOT_WORKSPACE
+    world.workspace = SNAPSHOT_WORKSPACE
+    return SNAPSHOT_WORKSPACE
+
+
+def approval_snapshot(snap_compare, tmp_path, call: dict, files: dict[str, str] | None = None) -> bool:
+    world = make_world(tmp_path, [{"text": "Here is the change.", "tool_calls": [call]}])
+    workspace = fixed_workspace(world)
+    for name, text in (files or {}).items():
+        (workspace / name).write_text(text)
+    app = world.new_app()
+
+    async def ask(pilot) -> None:
+        await submit(pilot, app, "make the change")
+        await approval_ready(pilot, app)
+        # the transcript behind it drawn too (events reach the screen once a frame)
+        await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["awaiting approval"], "card")
+        await background_drawn(pilot, app)
+
+    return snapshot(snap_compare, app, ask)
+
+
+PARSER = "".join(f"def rule_{n}(tokens):\n    return tokens[{n}:]\n\n" for n in range(12))
+
+
+def test_approval_preview_of_write_file_as_a_diff_and_the_highlighted_file(snap_compare, tmp_path):
+    new = PARSER.replace("return tokens[1:]", "return tokens[1:] or None")
+    assert approval_snapshot(snap_compare, tmp_path, {"name": "write_file",
+                             "arguments": {"path": "parser.py", "content": new}}, {"parser.py": PARSER})
+
+
+def test_approval_preview_of_edit_file_as_a_coloured_diff_with_context(snap_compare, tmp_path):
+    assert approval_snapshot(snap_compare, tmp_path, {"name": "edit_file", "arguments": {
+        "path": "parser.py", "old": "def rule_3(tokens):\n    return tokens[3:]",
+        "new": "def rule_3(tokens: list[str]) -> list[str]:\n    return tokens[3:]"}}, {"parser.py": PARSER})
+
+
+def test_approval_preview_of_a_long_command_verbatim_with_prefix_choice(snap_compare, tmp_path):
+    command = ('pytest -q tests/test_parser.py -k "rule and not slow" --maxfail=1 '
+               + " ".join(f"--deselect tests/test_parser.py::test_case_{n}" for n in range(8)))
+    assert approval_snapshot(snap_compare, tmp_path, {"name": "run_command", "arguments": {"command": command}})
+
+
+def test_help_screen(snap_compare, tmp_path):
+    world = make_world(tmp_path, [])
+    app = world.new_app()
+    assert snapshot(snap_compare, app, press=["f1"])
+
+
+def test_command_palette_with_slash_commands(snap_compare, tmp_path):
+    world = make_world(tmp_path, [])
+    app = world.new_app()
+
+    async def opened(pilot) -> None:
+        from textual.command import CommandPalette
+
+        await pilot.press("ctrl+p", *"/perm")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette)
+                       and app.screen.query_one("CommandList").option_count == 1, "the one match")
+        await pilot.pause(0.3)  # the palette's search spinner stops after the results arrive
+
+    assert snapshot(snap_compare, app, opened)
+
+
+def test_resume_detail_pane(snap_compare, tmp_path):
+    world = make_world(tmp_path, [])
+    events = crashed_turn()
+    command = "rsync -av --delete ./site/ deploy@example.org:/srv/www/site/ && ssh deploy@example.org 'systemctl reload nginx'"
+    events[4].tool_calls[0].arguments["command"] = command
+    events[-1].arguments["command"] = command
+    write_log(world.store, "crashed-id", events)
+    fixed_workspace(world)
+    app = world.resume_app("crashed-id")
+
+    async def shown(pilot) -> None:
+        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+
+    assert snapshot(snap_compare, app, shown)
 
 
 def test_failed_barrier_notice(snap_compare, tmp_path):
@@ -153,6 +254,7 @@ def test_failed_barrier_notice(snap_compare, tmp_path):
 def test_resume_screen_with_not_started_and_outcome_unknown_rows(snap_compare, tmp_path):
     world = make_world(tmp_path, [])
     write_log(world.store, "crashed-id", crashed_turn())
+    fixed_workspace(world)  # the detail pane shows where the command ran
     app = world.resume_app("crashed-id")
 
     async def shown(pilot) -> None:
@@ -165,6 +267,7 @@ def test_resume_screen_with_not_started_and_outcome_unknown_rows(snap_compare, t
 def test_verdict_dialog(snap_compare, tmp_path):
     world = make_world(tmp_path, [])
     write_log(world.store, "crashed-id", crashed_turn())
+    fixed_workspace(world)  # the detail pane shows where the command ran
     app = world.resume_app("crashed-id")
 
     async def shown(pilot) -> None:

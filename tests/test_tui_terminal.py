@@ -24,6 +24,11 @@ from cairn.persistence.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Too
 from cairn.persistence.store import SessionStore
 from tui_helpers import types_of, wait_sync
 
+
+def iter_ids(home: Path):
+    """Session ids under `home` (the test's only session, once its first prompt created it)."""
+    return (path.stem for path in sorted((home / "sessions").glob("*.jsonl")))
+
 CAIRN = str(Path(sys.executable).parent / "cairn")
 WAIT = 20.0  # seconds: generous for a loaded CI machine; the normal case is a second or two
 WIDTH, HEIGHT = 140, 36
@@ -97,22 +102,38 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
         assert "cairn" in Path(f"/proc/{pid}/cmdline").read_text()
         tmux.wait_screen("first", "New session")
         tmux("send-keys", "-t", "first", "deploy it", "Enter")
-        tmux.wait_screen("first", "Allow run_command?")
-        tmux("send-keys", "-t", "first", "a")
+        # type-ahead: keep typing (a, s and d among the letters) across the modal's opening and for 2 s after it
+        typed, opened = "", None
+        for char in "so save a draft as said and add dates " * 4:
+            tmux("send-keys", "-t", "first", "-l", char)
+            typed += char
+            time.sleep(0.07)
+            if opened is None and "Allow run_command?" in tmux.screen("first"):
+                opened = time.monotonic()
+            if opened is not None and time.monotonic() - opened > 2.0:
+                break
+        assert opened is not None and time.monotonic() - opened > 2.0, "the modal did not open while typing"
+        tmux.wait_screen("first", "Allow run_command?", "Choose with a key")
+        assert marker.read_text() == ""  # nothing typed decided it
+        assert typed.split()[-1] in tmux.screen("first")  # the typing is in the prompt behind the modal
+        tmux("send-keys", "-t", "first", "a")  # a deliberate key once the typing stopped
 
         started = wait_sync(lambda: re.fullmatch(r"started (\d+)\n", marker.read_text()), "the command to start",
                             WAIT)
         command_pid = int(started.group(1))
+        store = SessionStore(home)
+        # tool/progress (the command's pid) is write-behind: let it reach the file so the stored log is the same each run
+        wait_sync(lambda: "tool/progress" in types_of(store.backend.load(next(iter_ids(home))).events),
+                  "tool/progress to be written", WAIT)
         os.kill(pid, signal.SIGKILL)
         wait_sync(lambda: not alive(pid), "cairn to die", WAIT)
 
-        listed = subprocess.run([CAIRN, "sessions", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        listed = subprocess.run([CAIRN, "sessions", "--all", "--json"], env=env, capture_output=True, text=True, timeout=30)
         assert listed.returncode == 0, listed.stderr
         [summary] = [json.loads(line) for line in listed.stdout.splitlines()]
         session_id = summary["id"]
         assert summary["status"] == "interrupted"
-        store = SessionStore(home)
-        assert types_of(store.backend.load(session_id).events)[-1] == "tool/call"  # killed mid-call: no repair yet
+        assert types_of(store.backend.load(session_id).events)[-2:] == ["tool/call", "tool/progress"]  # no repair yet
 
         tmux.start("resume", ws, f"{CAIRN} resume {session_id} --provider script --script {script}")
         screen = tmux.wait_screen("resume", "OUTCOME_UNKNOWN", "NOT_STARTED")
@@ -137,6 +158,6 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
         tmux.kill_server()
         if command_pid is not None:
             try:
-                os.killpg(command_pid, signal.SIGKILL)  # the orphaned `sleep 60` (its own process group)
+                os.killpg(command_pid, signal.SIGKILL)  # a safety net: the command dies with cairn (parent-death)
             except ProcessLookupError:
                 pass

@@ -157,3 +157,14 @@ async def wait_for(pilot: Any, condition: Callable[[], Any], what: str, timeout:
 def ended_turns(events: list[AnyEvent]) -> list[TurnEnd]:
     return [e for e in events if isinstance(e, TurnEnd)]
 
+
+
+async def approval_ready(pilot: Any, app: Any, timeout: float = 10.0) -> Any:
+    """The approval modal, once it takes a decision: keys within its first 0.4 s (type-ahead) go to the prompt."""
+    from cairn.app.screens.approval import ApprovalModal
+
+    modal = await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal) and app.screen, "the approval modal",
+                           timeout)
+    await wait_for(pilot, lambda: modal.armed, "the approval modal to take keys", timeout)
+    await wait_for(pilot, lambda: str(modal.query_one("#guard").render()).startswith("Choose"), "its hint", timeout)
+    return modal

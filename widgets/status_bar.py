@@ -1,4 +1,5 @@
-"""The status bar: session, provider/model, backend, turn state, token usage and durability ("durable through seq N").
+"""The status bar: session, provider/model, backend, turn state, what is allowed for the session (approval grants,
+revocable with /permissions), token usage and durability ("durable through seq N").
 
 Token usage is what the provider reported on `assistant/message.usage`: input (↑) and output (↓) tokens of the current
 (or last) turn and of the whole session. It is left out while nothing is known, e.g. with a server that sends no usage.
@@ -67,6 +68,7 @@ class StatusBar(Static):
     provider: reactive[str] = reactive("")
     backend: reactive[str] = reactive("")
     activity: reactive[str] = reactive("idle")
+    grants: reactive[str] = reactive("")
     usage: reactive[str] = reactive("")
     durability: reactive[str] = reactive("")
     failed: reactive[bool] = reactive(False)
@@ -76,9 +78,11 @@ class StatusBar(Static):
 
     def render(self) -> str:
         """All parts when they fit; on a narrow terminal the separators tighten, then the backend and the provider
-        go (both are on the sessions screen and in the welcome line), so turn state, usage and durability stay."""
+        go (both are on the sessions screen and in the welcome line), so turn state, grants, usage and durability
+        stay."""
         width = self.content_region.width or 1_000
-        parts = [self.session_id, self.provider, self.backend, self.activity, self.usage, self.durability]
+        allowed = f"allowed: {self.grants}" if self.grants else ""
+        parts = [self.session_id, self.provider, self.backend, self.activity, allowed, self.usage, self.durability]
         line = "  │  ".join(p for p in parts if p)
         for dropped in ((), (2,), (1, 2)):
             if len(line) <= width:

@@ -1,61 +1,183 @@
-"""Approval modal for side-effecting and idempotent tools: allow once / allow for this session / deny."""
+"""Approval modal for side-effecting and idempotent tools: allow once / for this session (the whole tool, or for
+`run_command` only commands starting with the same word) / deny / deny with a note the model receives.
+
+Type-ahead never decides it. Someone typing their next prompt when the modal pops up would otherwise answer it with
+whatever letter came next (it happened: an `s` granted every later command). So keys within OPEN_GRACE of the modal
+opening, and every key of a typing burst that began then (keys under TYPING_GAP apart, however long it goes on), and any
+key that is not one of the modal's own, go back to the prompt in order (the app routes them, see `CairnApp.on_event`);
+only a deliberate key after the typing stopped decides. The preview (`app/previews.py`) scrolls on its own while the
+choices stay on screen whatever its length.
+"""
 
 from __future__ import annotations
 
-import json
+import time
+from pathlib import Path
 
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.markup import escape
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static
+from textual.widgets import Footer, Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
 
-from ..approval import ApprovalRequest
+from ..approval import ApprovalAnswer, ApprovalRequest, first_word
+from ..previews import preview_parts, render_parts
 from ..terminal_text import safe_text
 
+OPEN_GRACE = 0.4  # seconds after the modal opens during which no key decides it
+TYPING_GAP = 0.3  # keys closer together than this are one typing burst
 
-class ApprovalModal(ModalScreen[str]):
-    """Returns a decision: allowed_once, allowed_session or denied."""
+# the keys the modal answers once armed; anything else is typing and goes to the prompt
+MODAL_KEYS = frozenset({"a", "s", "p", "d", "n", "escape", "enter", "up", "down", "pageup", "pagedown", "home", "end",
+                        "tab", "shift+tab", "ctrl+home", "ctrl+end"})
+
+
+class ApprovalModal(ModalScreen[ApprovalAnswer]):
+    """Returns an ApprovalAnswer (allowed_once, allowed_session with an optional command prefix, denied with an
+    optional note, or cancelled when the turn is cancelled under it)."""
 
     DEFAULT_CSS = """
     ApprovalModal { align: center middle; }
-    ApprovalModal > Vertical { width: 80; height: auto; max-height: 80%; border: thick $warning; background: $surface;
-                               padding: 1 2; }
-    ApprovalModal #arguments { height: auto; max-height: 12; margin: 1 0; color: $text-muted; }
-    ApprovalModal Horizontal { height: auto; align: center middle; }
-    ApprovalModal Button { margin: 0 1; }
+    ApprovalModal > #dialog { width: 92%; max-width: 120; height: auto; max-height: 92%; border: thick $warning;
+                              background: $surface; padding: 0 1; }
+    ApprovalModal #title { text-style: bold; }
+    ApprovalModal #preview { height: auto; max-height: 1fr; margin: 1 0 0 0; border: round $panel-lighten-2; }
+    ApprovalModal #choices { height: auto; max-height: 7; border: none; padding: 0; margin-top: 1; }
+    ApprovalModal #note { display: none; }
+    ApprovalModal #note.-visible { display: block; }
+    ApprovalModal #guard { color: $text-muted; height: 1; }
     """
 
     BINDINGS = [
         Binding("a", "decide('allowed_once')", "Allow once"),
         Binding("s", "decide('allowed_session')", "Allow for session"),
-        Binding("d,escape", "decide('denied')", "Deny"),
+        Binding("p", "decide('allowed_prefix')", "Allow prefix", show=False),
+        Binding("d", "decide('denied')", "Deny"),
+        Binding("n", "note", "Deny with a note"),
+        Binding("escape", "decide('denied')", "Deny"),
+        Binding("pageup", "scroll_preview(-1)", "Scroll", show=False, priority=True),
+        Binding("pagedown", "scroll_preview(1)", "Scroll", show=False, priority=True),
     ]
 
-    def __init__(self, request: ApprovalRequest) -> None:
+    def __init__(self, request: ApprovalRequest, workspace: Path | str = ".") -> None:
         super().__init__()
         self.request = request
+        self.workspace = Path(workspace)
+        self.prefix = first_word(request.arguments.get("command")) if request.name == "run_command" else ""
+        self.opened_at = time.monotonic()
+        self._last_diverted: float | None = None
 
     def compose(self) -> ComposeResult:
         r = self.request
-        with Vertical():
+        name = escape(safe_text(r.name))
+        with Vertical(id="dialog"):
             # the name and arguments come from the model: made terminal-safe, and the name escaped inside the markup
-            yield Label(f"Allow [b]{escape(safe_text(r.name))}[/b]? ({r.safety.replace('_', '-')})")
-            yield Static(safe_text(json.dumps(r.arguments, indent=2, ensure_ascii=False)), id="arguments",
-                         markup=False)
-            with Horizontal():
-                yield Button(r"Allow once \[a]", id="allowed_once", variant="primary")
-                yield Button(r"Allow for session \[s]", id="allowed_session")
-                yield Button(r"Deny \[d]", id="denied", variant="error")
+            yield Label(f"Allow [b]{name}[/b]? ({r.safety.replace('_', '-')})", id="title")
+            with VerticalScroll(id="preview"):
+                yield Static(render_parts(preview_parts(r.name, r.arguments, self.workspace)), id="arguments")
+            yield OptionList(*self._options(), id="choices")
+            yield Input(placeholder="why not? the model is told this with the denial (enter sends, esc back)",
+                        id="note")
+            yield Static("", id="guard", markup=False)
+        yield Footer()
+
+    def _options(self) -> list[Option]:
+        name = safe_text(self.request.name)
+        options = [Option(f"a  Allow once", id="allowed_once"),
+                   Option(f"s  Allow {name} for the rest of this session (every call)", id="allowed_session")]
+        if self.prefix:
+            options.append(Option(f"p  Allow commands starting with `{safe_text(self.prefix)}` for this session",
+                                  id="allowed_prefix"))
+        options += [Option("d  Deny", id="denied"), Option("n  Deny, and tell the model why…", id="note")]
+        return options
 
     def on_mount(self) -> None:
-        self.query_one("#allowed_once", Button).focus()
+        choices = self.query_one("#choices", OptionList)
+        choices.highlighted = None  # nothing preselected: Enter decides only what was chosen
+        choices.focus()
+        self._show_guard()
+        self.set_interval(0.1, self._show_guard)
+        self._fit_preview()
 
-    @on(Button.Pressed)
-    def pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id or "denied")
+    def on_resize(self) -> None:
+        self._fit_preview()
 
-    def action_decide(self, decision: str) -> None:
-        self.dismiss(decision)
+    def _fit_preview(self) -> None:
+        """The preview gets what the title, the choices, the note, the hint and the footer leave: however long it
+        is, the choices stay on screen (it scrolls instead)."""
+        choices = len(self._options())
+        note = 3 if self.query_one("#note", Input).has_class("-visible") else 0
+        fixed = 2 + 1 + 1 + 2 + 1 + choices + note + 1 + 1 + 2  # borders, title, margins, choices, hint, footer
+        limit = int(self.size.height * 0.92) if self.size.height else 20
+        self.query_one("#preview").styles.max_height = max(3, limit - fixed)
+
+    # -- the type-ahead guard ---------------------------------------------------------------------------------------
+
+    def diverts(self, key: str, at: float) -> bool:
+        """Whether the key pressed at `at` (monotonic seconds) belongs to typing and must go to the prompt."""
+        if self.query_one("#note", Input).has_focus:
+            return False  # typing the note is typing for the modal
+        in_burst = self._last_diverted is not None and at - self._last_diverted < TYPING_GAP
+        if at - self.opened_at < OPEN_GRACE or in_burst or key not in MODAL_KEYS:
+            self._last_diverted = at
+            return True
+        return False
+
+    @property
+    def armed(self) -> bool:
+        now = time.monotonic()
+        return now - self.opened_at >= OPEN_GRACE and (
+            self._last_diverted is None or now - self._last_diverted >= TYPING_GAP)
+
+    def _show_guard(self) -> None:
+        text = ("Choose with a key or ↑↓ and Enter · PgUp/PgDn scroll the preview" if self.armed
+                else "Your typing goes to the prompt; choose once you stop typing")
+        guard = self.query_one("#guard", Static)
+        if str(guard.render()) != text:
+            guard.update(text)
+
+    # -- deciding ---------------------------------------------------------------------------------------------------
+
+    @on(OptionList.OptionSelected, "#choices")
+    def chosen(self, event: OptionList.OptionSelected) -> None:
+        if event.option.id == "note":
+            self.action_note()
+        else:
+            self.action_decide(event.option.id or "denied")
+
+    def action_decide(self, choice: str) -> None:
+        if self.query_one("#note", Input).has_focus:
+            return
+        if choice == "allowed_prefix":
+            if self.prefix:
+                self.dismiss(ApprovalAnswer("allowed_session", command_prefix=self.prefix))
+            return
+        self.dismiss(ApprovalAnswer(choice))  # type: ignore[arg-type]
+
+    def action_note(self) -> None:
+        note = self.query_one("#note", Input)
+        note.add_class("-visible")
+        self._fit_preview()
+        note.focus()
+
+    @on(Input.Submitted, "#note")
+    def deny_with_note(self, event: Input.Submitted) -> None:
+        self.dismiss(ApprovalAnswer("denied", note=event.value.strip()))
+
+    def on_key(self, event: object) -> None:
+        """Esc in the note field goes back to the choices rather than denying without the note."""
+        key = getattr(event, "key", "")
+        note = self.query_one("#note", Input)
+        if key == "escape" and note.has_focus:
+            getattr(event, "stop")()
+            getattr(event, "prevent_default")()
+            note.remove_class("-visible")
+            self._fit_preview()
+            self.query_one("#choices", OptionList).focus()
+
+    def action_scroll_preview(self, direction: int) -> None:
+        preview = self.query_one("#preview", VerticalScroll)
+        (preview.scroll_page_down if direction > 0 else preview.scroll_page_up)(animate=False)

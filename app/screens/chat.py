@@ -18,16 +18,19 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 from textual.widget import MountError
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, OptionList, Static
+from textual.widgets.option_list import Option
 
-from ..approval import ApprovalRequest
+from ..approval import ApprovalAnswer, ApprovalRequest
 from ..compose import Agent, mount_agent
 from ..config import Config
+from ..history import PromptHistory, history_path
+from .. import slash_commands
 from ..loop import TurnResult
 from ..providers.base import Provider
 from ..terminal_text import safe_text
 from ..tools.registry import builtin_safety
-from cairn.persistence.events import AnyEvent, AssistantMessage, RecoveryVerdict, TurnEnd, TurnStart
+from cairn.persistence.events import AnyEvent, ApprovalDecided, AssistantMessage, RecoveryVerdict, TurnEnd, TurnStart
 from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.session import LiveSession
 from cairn.widgets.persistence_service import PersistenceService
@@ -36,12 +39,13 @@ from cairn.widgets.status_bar import StatusBar, TokenTotals
 from cairn.widgets.transcript import Notice, Transcript
 
 from .approval import ApprovalModal
-from .resume import ResumeScreen, recovered_from
+from .help import HelpScreen
+from .resume import ResumeScreen, ended_by_cancel, recovered_from
 
 
 WELCOME = (
-    "New session {id} ({provider}). Type a prompt: Enter sends, Ctrl+J adds a line, Esc cancels a running turn, "
-    "Ctrl+O lists sessions, Ctrl+Q quits."
+    "New session {id} ({provider}). Type a prompt: Enter sends, Ctrl+J adds a line, ↑ recalls earlier prompts, "
+    "/ lists commands, F1 (or ? in an empty prompt) shows every key, Ctrl+Q quits."
 )
 DEMO_HINT = " The offline demo model understands: list files · read README.md · write notes.txt: hello · run ls"
 
@@ -56,13 +60,18 @@ class ChatScreen(Screen[None]):
     DEFAULT_CSS = """
     ChatScreen #queue { height: auto; color: $text-muted; padding: 0 2; display: none; }
     ChatScreen #queue.-visible { display: block; }
+    ChatScreen #slash { height: auto; max-height: 9; display: none; border: round $primary 50%; margin: 0 1; }
+    ChatScreen #slash.-visible { display: block; }
     """
 
     BINDINGS = [
         Binding("escape", "cancel_turn", "Cancel turn"),
+        Binding("f1", "help", "Help"),
         Binding("ctrl+t", "toggle_thinking", "Thinking"),
         Binding("ctrl+o", "sessions", "Sessions"),
         Binding("ctrl+q", "app.quit", "Quit", priority=True),
+        Binding("pageup", "scroll_transcript('page_up')", "Scroll", show=False, priority=True),
+        Binding("pagedown", "scroll_transcript('page_down')", "Scroll", show=False, priority=True),
     ]
 
     class EventsReady(Message):
@@ -86,10 +95,16 @@ class ChatScreen(Screen[None]):
         self._due = 0.0
         self._turn_tokens = TokenTotals()
         self._session_tokens = TokenTotals()
+        # prompts typed while a turn runs wait here (not in the loop) so they can be taken back and edited
+        self.pending: list[str] = []
+        self._in_loop = 0  # prompts handed to the loop whose turn has not reported its result yet
+        secrets = tuple(x for x in (config.api_key,) if x)
+        self.history = PromptHistory(history_path(config.home, config.workspace), secrets)
 
     def compose(self) -> ComposeResult:
         yield Transcript(safety_of=lambda name: builtin_safety(name) or "?", id="transcript")
         yield Static("", id="queue", markup=False)
+        yield OptionList(id="slash")
         yield PromptInput(id="prompt")
         yield StatusBar(id="status")
         yield self.service
@@ -101,6 +116,9 @@ class ChatScreen(Screen[None]):
         status.provider = f"{self.provider.name}/{self.provider.model}"
         status.backend = self.config.backend
         status.show_durability("durable", self.session.coordinator.durable_seq)
+        prompt = self.query_one(PromptInput)
+        prompt.prompt_history = self.history.entries
+        prompt.has_queued = lambda: bool(self.pending)
         transcript = self.query_one(Transcript)
         for event in self.session.events:
             await transcript.apply(event, live=False)
@@ -112,12 +130,20 @@ class ChatScreen(Screen[None]):
         transcript.scroll_end(animate=False)
         self.session.subscribe(self._on_session_event)
         self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
-        if self.session.repaired or calls_awaiting_verdict(self.session.events):
+        calls, first_prompt, text = recovered_from(self.session.events)
+        if calls and (self.session.repaired or calls_awaiting_verdict(self.session.events)):
             self.resume_pending = True
-            calls, prompt, text = recovered_from(self.session.events)
-            self.app.push_screen(ResumeScreen(self.session.id, calls, prompt, text), self._resumed)
+            self.app.push_screen(self._resume_screen(calls, first_prompt, text), self._resumed)
         else:
-            self.query_one(PromptInput).focus()
+            if self.session.repaired:
+                await transcript.mount(Notice("This session was interrupted; no tool call was in flight, so nothing "
+                                              "needs checking.", markup=False, classes="-warning"))
+                transcript.scroll_end(animate=False)
+            prompt.focus()
+
+    def _resume_screen(self, calls: Any, prompt: str, text: str) -> ResumeScreen:
+        return ResumeScreen(self.session.id, calls, prompt, text, workspace=self.config.workspace,
+                            cancelled=ended_by_cancel(self.session.events))
 
     async def _run_agent(self) -> None:
         async with AsyncExitStack() as stack:
@@ -164,8 +190,8 @@ class ChatScreen(Screen[None]):
             return
         self._pace_frames(lateness=started - self._due, cost=time.perf_counter() - started)
         self._count_tokens(events)
-        if any(isinstance(e, (TurnStart, TurnEnd)) for e in events):
-            self._refresh_activity()
+        if any(isinstance(e, (TurnStart, TurnEnd, ApprovalDecided)) for e in events):
+            self._refresh_activity()  # ApprovalDecided: a session grant shows in the status bar
 
     def _count_tokens(self, events: list[AnyEvent]) -> None:
         """Usage reported on `assistant/message`, summed for the current (or last) turn and the whole session."""
@@ -205,31 +231,170 @@ class ChatScreen(Screen[None]):
         self.query_one(StatusBar).failed = True
 
     def _turn_finished(self, result: TurnResult) -> None:
+        """After each turn (in the loop's task): hand the next waiting prompt to the loop, keeping their order."""
+        self._in_loop = max(0, self._in_loop - 1)
+        if self.pending and self.agent is not None:
+            self._in_loop += 1
+            self.agent.loop.submit(self.pending.pop(0))
+        if getattr(result, "reason", "") == "error" and self.is_attached:
+            self.notify("The turn ended in an error: ↑ in the prompt brings your prompt back to send it again.",
+                        severity="warning", timeout=8, markup=False)
         self._refresh_activity()
 
     def _refresh_activity(self) -> None:
         if not self.is_attached:  # a turn's result can arrive while the exiting app takes the screen apart
             return
         loop = self.agent.loop if self.agent else None
-        queued = loop.queued if loop else []
-        running = loop is not None and loop.busy and (self.session.events and not isinstance(self.session.events[-1], TurnEnd))
+        queued = self.pending
+        running = self.turn_running
         status = self.query_one(StatusBar)
         status.activity = ("● running" if running else "idle") + (f" · {len(queued)} queued" if queued else "")
+        status.grants = ", ".join(loop.grants.labels()) if loop is not None else ""
         queue = self.query_one("#queue", Static)
-        queue.update(safe_text("\n".join(f"queued: {q}" for q in queued)))
+        hint = "  (↑ in an empty prompt takes the last one back to edit or drop)" if queued else ""
+        queue.update(safe_text("\n".join(f"queued: {q}" for q in queued) + hint))
         queue.set_class(bool(queued), "-visible")
+        self.refresh_bindings()
+
+    @property
+    def turn_running(self) -> bool:
+        loop = self.agent.loop if self.agent else None
+        return loop is not None and loop.busy and bool(self.session.events) and not isinstance(
+            self.session.events[-1], TurnEnd)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Footer hints that are true: "Cancel turn" only while there is a turn to cancel."""
+        if action == "cancel_turn":
+            return self.turn_running or bool(self.agent and self.agent.loop.busy)
+        return True
 
     # -- input ------------------------------------------------------------------------------------------------------
 
     @on(PromptInput.Submitted)
     async def submit(self, message: PromptInput.Submitted) -> None:
+        self._show_completions("")
+        command = slash_commands.parse(message.text)
+        if command is not None:
+            self.history.add(message.text)
+            await self.run_slash(*command)
+            return
         if self.resume_pending:
             self.notify("Review the recovered calls first.", severity="warning")
             return
+        text = message.text[1:] if message.text.startswith("//") else message.text
+        self.history.add(text)
         await self._agent_ready.wait()
         assert self.agent is not None
-        self.agent.loop.submit(message.text)
+        if self._in_loop or self.pending:
+            self.pending.append(text)
+        else:
+            self._in_loop += 1
+            self.agent.loop.submit(text)
         self._refresh_activity()
+
+    @on(PromptInput.RecallQueued)
+    def recall_queued(self) -> None:
+        """The last queued prompt back in the box: send it again (queued at the end) or clear it to drop it."""
+        if self.pending:
+            self.query_one(PromptInput).set_text(self.pending.pop())
+            self._refresh_activity()
+
+    @on(PromptInput.HelpRequested)
+    def action_help(self) -> None:
+        if not isinstance(self.app.screen, HelpScreen):
+            self.app.push_screen(HelpScreen())
+
+    @on(PromptInput.Changed)
+    def prompt_changed(self, event: PromptInput.Changed) -> None:
+        self._show_completions(event.text_area.text)
+
+    def _show_completions(self, text: str) -> None:
+        """The completion popup: the commands matching a `/word` being typed; Tab takes the first."""
+        popup = self.query_one("#slash", OptionList)
+        found = slash_commands.matches(text)
+        popup.clear_options()
+        popup.add_options([Option(f"{c.usage:<34} {c.help}", id=c.name) for c in found])
+        popup.set_class(bool(found), "-visible")
+        self.query_one(PromptInput).completion = f"/{found[0].name}" if found else ""
+
+    async def run_slash(self, name: str, argument: str) -> None:
+        transcript = self.query_one(Transcript)
+
+        async def say(text: str, kind: str = "") -> None:
+            await transcript.mount(Notice(safe_text(text), markup=False, classes=kind))
+            transcript.scroll_end(animate=False)
+
+        loop = self.agent.loop if self.agent else None
+        if name == "help":
+            self.action_help()
+        elif name == "new":
+            self.app.action_new_session()  # type: ignore[attr-defined]
+        elif name == "sessions":
+            self.action_sessions()
+        elif name == "quit":
+            await self.app.action_quit()
+        elif name == "model":
+            if argument:
+                self.provider.model = argument
+                self.query_one(StatusBar).provider = f"{self.provider.name}/{self.provider.model}"
+                await say(f"From the next request on, the model is {argument} ({self.provider.name}).")
+            else:
+                await say(f"Provider {self.provider.name}, model {self.provider.model}. "
+                          "/model NAME uses another model of this provider from the next request.")
+        elif name == "permissions":
+            await say(self._permissions(argument))
+            self._refresh_activity()
+        elif name == "usage":
+            from cairn.widgets.status_bar import usage_text
+
+            await say(usage_text(self._turn_tokens, self._session_tokens) or "The provider has reported no usage yet.")
+        elif name == "verdict":
+            calls = [c for c in recovered_from(self.session.events)[0] if c.status == "OUTCOME_UNKNOWN"]
+            waiting = {r.call_id for r in calls_awaiting_verdict(self.session.events)}
+            calls = [c for c in calls if c.call_id in waiting]
+            if not calls:
+                await say("No OUTCOME_UNKNOWN call is waiting for a verdict.")
+            elif self.turn_running:
+                await say("Verdicts are recorded between turns: wait for this one to end (or Esc).", "-warning")
+            else:
+                _, first_prompt, text = recovered_from(self.session.events)
+                self.resume_pending = True
+                self.app.push_screen(self._resume_screen(calls, first_prompt, text), self._resumed)
+        else:
+            known = ", ".join(c.usage.split()[0] for c in slash_commands.COMMANDS)
+            await say(f"Unknown command /{name}. Commands: {known}. (Start with // to send a / to the model.)",
+                      "-warning")
+
+    def _permissions(self, argument: str) -> str:
+        loop = self.agent.loop if self.agent else None
+        if loop is None:
+            return "The agent is not ready yet."
+        grants = loop.grants
+        labels = grants.labels()
+        word, _, rest = argument.partition(" ")
+        if word == "clear":
+            grants.clear()
+            return f"Revoked {len(labels)} grant(s): every tool asks again."
+        if word == "revoke":
+            rest = rest.strip()
+            label = labels[int(rest) - 1] if rest.isdigit() and 0 < int(rest) <= len(labels) else rest
+            if grants.revoke(label):
+                return f"Revoked: {label}. It asks again."
+            return f"No grant {rest!r}. /permissions lists them."
+        if not labels:
+            return "Nothing is allowed for this session: every side effect asks."
+        listed = "  ".join(f"{i}. {label}" for i, label in enumerate(labels, 1))
+        return f"Allowed for this session: {listed}   (/permissions revoke N, /permissions clear)"
+
+    def action_scroll_transcript(self, how: str) -> None:
+        """PageUp/PageDown scroll the transcript wherever the focus is (Home/End too, from an empty prompt)."""
+        transcript = self.query_one(Transcript)
+        {"page_up": transcript.scroll_page_up, "page_down": transcript.scroll_page_down,
+         "home": transcript.scroll_home, "end": transcript.scroll_end}[how](animate=False)
+
+    @on(PromptInput.ScrollRequested)
+    def scroll_from_prompt(self, message: PromptInput.ScrollRequested) -> None:
+        self.action_scroll_transcript(message.how)
 
     def action_cancel_turn(self) -> None:
         if self.agent is not None and self.agent.loop.busy:
@@ -244,21 +409,23 @@ class ChatScreen(Screen[None]):
     def action_sessions(self) -> None:
         self.app.action_open_sessions()  # type: ignore[attr-defined]
 
-    async def ask_approval(self, request: ApprovalRequest) -> str:
+    async def ask_approval(self, request: ApprovalRequest) -> ApprovalAnswer:
         """The TUI's approver: a modal; the loop waits on a future its dismissal resolves."""
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        def decided(decision: str | None) -> None:
+        future: asyncio.Future[ApprovalAnswer] = asyncio.get_running_loop().create_future()
+
+        def decided(answer: ApprovalAnswer | None) -> None:
             if not future.done():
-                future.set_result(decision or "denied")
+                future.set_result(answer or ApprovalAnswer("denied"))
+            self._refresh_activity()  # a session grant shows in the status bar
 
-        modal = ApprovalModal(request)
+        modal = ApprovalModal(request, self.config.workspace)
         self.app.push_screen(modal, decided)
         try:
             return await future
         except asyncio.CancelledError:
             if modal.is_attached and self.app.screen is modal:
-                modal.dismiss("cancelled")
+                modal.dismiss(ApprovalAnswer("cancelled"))
             raise
 
     # -- ordered shutdown -------------------------------------------------------------------------------------------

@@ -1,23 +1,34 @@
-"""The resume screen: shown before the next turn when a reopened session had interrupted tool calls.
+"""The resume screen: shown before the next turn when a reopened session had interrupted tool calls (only then: a
+repaired turn with no call in flight is one notice in the chat).
 
-It lists every recovered call (tool, arguments, safety, NOT_STARTED / OUTCOME_UNKNOWN, what the model will be told), lets
-the operator record a verdict on OUTCOME_UNKNOWN calls, and shows the interrupted prompt and last text for context.
-Dismissing it returns the verdicts chosen; the app appends them as `recovery/verdict` before any new `turn/start`.
+It lists every recovered call (tool, arguments as wide as the screen allows, safety, NOT_STARTED / OUTCOME_UNKNOWN),
+and a detail pane for the highlighted one: its full arguments as the approval showed them (a command verbatim, a file
+highlighted, an edit as a diff), what the model will be told, and for `run_command` whether its process is still
+running. It lets the operator record a verdict on OUTCOME_UNKNOWN calls, and shows the interrupted prompt and the last
+text (as Markdown). A turn the operator cancelled is worded as such, not as a crash. Dismissing it returns the
+verdicts chosen; the app appends them as `recovery/verdict` before any new `turn/start`.
+
+"Still running" means: a process with the recorded pid exists, is not a zombie, and its start time (from
+/proc/<pid>/stat and the boot time) is within PID_START_SLACK of the `tool/progress` time, so a recycled pid is not
+mistaken for the command. Without /proc, only `os.kill(pid, 0)` is asked, and the pane says so.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.markup import escape
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Label, Static
+from textual.widgets import Button, DataTable, Footer, Label, Markdown, Static
 
+from ..previews import preview_parts, render_parts
 from ..render import summarize_arguments
 from ..terminal_text import safe_text
 from cairn.persistence.events import (
@@ -27,7 +38,9 @@ from cairn.persistence.events import (
     AssistantMessage,
     ToolCall,
     ToolCallRequest,
+    ToolProgress,
     ToolResult,
+    TurnEnd,
     TurnStart,
     UserMessage,
 )
@@ -48,6 +61,42 @@ class RecoveredCall:
     told: str  # what the model will be told
     verdict: str = ""
     note: str = ""
+    pid: int | None = None  # run_command: the process its tool/progress recorded
+    started: int | None = None  # ms
+
+
+PID_START_SLACK = 2.0  # seconds between the recorded start and the process's own start time
+
+
+def process_state(pid: int, started_ms: int | None, proc: Path = Path("/proc")) -> str:
+    """`running`, `not running`, or `unknown` with why: see the module docstring for what counts as running."""
+    stat = proc / str(pid) / "stat"
+    if proc.is_dir():
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            boot = next(int(line.split()[1]) for line in (proc / "stat").read_text().splitlines()
+                        if line.startswith("btime "))
+        except (OSError, IndexError, ValueError, StopIteration):
+            return "not running"
+        if fields[0] in ("Z", "X"):
+            return "not running"
+        began = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        if started_ms is not None and abs(began - started_ms / 1000) > PID_START_SLACK:
+            return "not running"  # the pid was reused by another process
+        return "running"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "not running"
+    except PermissionError:
+        pass
+    return "unknown (a process with that pid exists; its start time cannot be checked here)"
+
+
+def ended_by_cancel(events: list[AnyEvent]) -> bool:
+    """Whether the last turn ended because the operator cancelled it (not a crash repair wrote for it)."""
+    end = next((e for e in reversed(events) if isinstance(e, (TurnEnd, TurnStart))), None)
+    return isinstance(end, TurnEnd) and end.reason == "cancelled"
 
 
 def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, str]:
@@ -57,6 +106,7 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
     turn = events[start:]
     requests: dict[str, ToolCallRequest] = {}
     calls: dict[str, ToolCall] = {}
+    progress: dict[str, ToolProgress] = {}
     prompt, text, chunks = "", "", ""
     for e in turn:
         if isinstance(e, UserMessage):
@@ -68,6 +118,8 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
             chunks += e.delta
         elif isinstance(e, ToolCall):
             calls[e.call_id] = e
+        elif isinstance(e, ToolProgress):
+            progress[e.call_id] = e
     rows = []
     for r in results:
         request, call = requests.get(r.call_id), calls.get(r.call_id)
@@ -78,6 +130,8 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
             safety=call.safety if call else (builtin_safety(request.name if request else "") or "—"),
             status="OUTCOME_UNKNOWN" if r.error_code == TOOL_OUTCOME_UNKNOWN else "NOT_STARTED",
             told=r.content.split(": ", 1)[-1],
+            pid=progress[r.call_id].pid if r.call_id in progress else None,
+            started=progress[r.call_id].started if r.call_id in progress else None,
         ))
     return rows, prompt, chunks or text
 
@@ -85,34 +139,49 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
 class ResumeScreen(ModalScreen[list[RecoveredCall]]):
     DEFAULT_CSS = """
     ResumeScreen { align: center middle; }
-    ResumeScreen > Vertical { width: 95%; height: 90%; border: thick $warning; background: $surface; padding: 1 2; }
+    ResumeScreen > Vertical { width: 98%; height: 96%; border: thick $warning; background: $surface; padding: 0 1; }
     ResumeScreen #title { text-style: bold; color: $warning; }
-    ResumeScreen #context { height: auto; max-height: 6; margin: 1 0; color: $text-muted; }
-    ResumeScreen DataTable { height: 1fr; }
-    ResumeScreen #told { height: auto; max-height: 5; margin-top: 1; }
-    ResumeScreen #continue { margin-top: 1; }
+    ResumeScreen #context { height: auto; max-height: 7; margin: 0 0 1 0; color: $text-muted; }
+    ResumeScreen #context Markdown { margin: 0; padding: 0; background: transparent; }
+    ResumeScreen #context MarkdownParagraph { margin: 0; }
+    ResumeScreen DataTable { height: auto; max-height: 7; }
+    ResumeScreen #detail { height: 1fr; min-height: 5; margin-top: 1; border: round $panel-lighten-2; }
+    ResumeScreen #continue { margin-top: 0; }
     """
 
     BINDINGS = [
         Binding("v", "verdict", "Record verdict"),
         Binding("c", "continue", "Continue"),
+        Binding("i", "inspect", "Inspect log", show=False),
+        Binding("pageup", "scroll_detail(-1)", "Scroll detail", show=False, priority=True),
+        Binding("pagedown", "scroll_detail(1)", "Scroll detail", show=False, priority=True),
     ]
 
-    def __init__(self, session_id: str, calls: list[RecoveredCall], prompt: str, last_text: str) -> None:
+    def __init__(self, session_id: str, calls: list[RecoveredCall], prompt: str, last_text: str,
+                 workspace: Path | str = ".", cancelled: bool = False) -> None:
         super().__init__()
         self.session_id = session_id
         self.calls = calls
         self.prompt = prompt
         self.last_text = last_text
+        self.workspace = Path(workspace)
+        self.cancelled = cancelled
 
     def compose(self) -> ComposeResult:
+        n, sid = len(self.calls), escape(safe_text(self.session_id))
+        how = "You cancelled the last turn of session" if self.cancelled else "Session"
+        what = "while" if self.cancelled else "was interrupted (crash or kill) —"
+        title = (f"{how} {sid} {what} {n} tool call(s) were in flight" if self.cancelled
+                 else f"{how} {sid} {what} {n} tool call(s) recovered")
         with Vertical():
-            yield Label(f"Session {escape(safe_text(self.session_id))} was interrupted — {len(self.calls)} tool call(s) "
-                        "recovered", id="title")
-            context = f"Interrupted prompt: {self.prompt or '—'}\nLast text: {(self.last_text or '—')[:300]}"
-            yield Static(safe_text(context), id="context", markup=False)
+            yield Label(title, id="title")
+            with VerticalScroll(id="context"):
+                yield Static(Text(safe_text(f"Interrupted prompt: {self.prompt or '—'}")), markup=False)
+                yield Static("Last text:", markup=False)
+                yield Markdown(safe_text(self.last_text or "—"))
             yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
-            yield Static("", id="told", markup=False)
+            with VerticalScroll(id="detail"):
+                yield Static("", id="told")
             yield Button(r"Continue to the chat \[c]", id="continue", variant="primary")
         yield Footer()
 
@@ -120,26 +189,48 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         table = self.query_one(DataTable)
         keys = table.add_columns("tool", "arguments", "safety", "status", "verdict", "call id")
         self._verdict_column = keys[4]
+        width = max(28, self.app.size.width - 85)  # the arguments get what the other columns leave
         for call in self.calls:
-            table.add_row(*self._cells(call), key=call.call_id)
+            table.add_row(*self._cells(call, width), key=call.call_id)
         table.focus()
         self._show_told(0)
 
     @staticmethod
-    def _cells(call: RecoveredCall) -> tuple[Text, ...]:
+    def _cells(call: RecoveredCall, width: int = 28) -> tuple[Text, ...]:
         """As terminal-safe `Text`, never markup: a plain string cell would be parsed as markup, and arguments from the
         model (`ls [/tmp]`) would be mangled or crash the screen; an ESC in them would reach the terminal."""
         verdict = call.verdict or ("— (press v)" if call.status == "OUTCOME_UNKNOWN" else "")
-        cells = (call.tool, summarize_arguments(call.arguments, 28), call.safety, call.status, verdict, call.call_id)
+        cells = (call.tool, summarize_arguments(call.arguments, width), call.safety, call.status, verdict, call.call_id)
         return tuple(Text(safe_text(cell)) for cell in cells)
+
+    def detail(self, call: RecoveredCall) -> Text:
+        """The detail pane's words (besides the preview): what the model will be told and the process's state."""
+        lines = [f"The model will be told: {call.told}"]
+        if call.tool == "run_command":
+            if call.pid is None:
+                lines.append("Process: none recorded (the command had not started a process).")
+            else:
+                lines.append(f"Process: pid {call.pid} — {process_state(call.pid, call.started)}")
+        if call.verdict:
+            lines.append(f"Your verdict: {call.verdict}" + (f" ({call.note})" if call.note else ""))
+        return Text(safe_text("\n".join(lines)))
 
     def _show_told(self, row: int) -> None:
         if 0 <= row < len(self.calls):
-            self.query_one("#told", Static).update(safe_text(f"The model will be told: {self.calls[row].told}"))
+            from rich.console import Group
+
+            call = self.calls[row]
+            preview = render_parts(preview_parts(call.tool, call.arguments, self.workspace))
+            self.shown_detail = Group(self.detail(call), Text(""), preview)
+            self.query_one("#told", Static).update(self.shown_detail)
 
     @on(DataTable.RowHighlighted)
     def highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_told(event.cursor_row)
+
+    def action_scroll_detail(self, direction: int) -> None:
+        detail = self.query_one("#detail", VerticalScroll)
+        (detail.scroll_page_down if direction > 0 else detail.scroll_page_up)(animate=False)
 
     def action_verdict(self) -> None:
         table = self.query_one(DataTable)
@@ -155,8 +246,14 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
                 return
             call.verdict, call.note = result
             table.update_cell(call.call_id, self._verdict_column, Text(safe_text(call.verdict)))
+            self._show_told(table.cursor_row)
 
         self.app.push_screen(VerdictDialog(call.call_id, call.tool), record)
+
+    def action_inspect(self) -> None:
+        from .inspector import open_inspector
+
+        open_inspector(self.app, self.app.store, self.session_id)  # type: ignore[attr-defined]
 
     @on(Button.Pressed, "#continue")
     def action_continue(self) -> None:

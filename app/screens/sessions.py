@@ -82,7 +82,7 @@ class SessionsScreen(Screen[SessionChoice | None]):
         table = self.query_one(DataTable)
         table.add_columns("first prompt", "status", "events", "updated", "id", "cwd")  # cwd last: the longest
         for s in self.summaries:
-            status = "live-locked" if s.status == "live" else s.status
+            status = s.status  # the words `cairn sessions` prints (SPEC rev 2)
             if s.id == self.current:
                 status = "open here"
             prompt = first_line(s.first_prompt, 36) or "—"
@@ -122,7 +122,9 @@ class SessionsScreen(Screen[SessionChoice | None]):
         if chosen is not None and chosen.status == "unreadable":
             self.notify(safe_text(f"Session {chosen.id} cannot be read: {chosen.reason}"), severity="error", markup=False)
         elif chosen is not None:
-            self.app.push_screen(InspectScreen(self.store, chosen.id))
+            from .inspector import open_inspector
+
+            open_inspector(self.app, self.store, chosen.id, follow=chosen.status == "live")
 
     def action_back(self) -> None:
         self.dismiss(None)

@@ -1,14 +1,19 @@
-"""The verdict dialog: the operator's answer about an OUTCOME_UNKNOWN call (happened / did not happen / unknown)."""
+"""The verdict dialog: the operator's answer about an OUTCOME_UNKNOWN call (happened / did not happen / unknown).
+
+Nothing is preselected: an answer about the world is recorded only once one was highlighted (↑/↓ or its key), and
+Enter records the highlighted one (from the list or from the note); Esc cancels."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.markup import escape
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, RadioButton, RadioSet
+from textual.widgets import Button, Input, Label, OptionList
+from textual.widgets.option_list import Option
 
 from ..terminal_text import safe_text
 
@@ -21,12 +26,17 @@ class VerdictDialog(ModalScreen[tuple[str, str] | None]):
     DEFAULT_CSS = """
     VerdictDialog { align: center middle; }
     VerdictDialog > Vertical { width: 72; height: auto; border: thick $warning; background: $surface; padding: 1 2; }
-    VerdictDialog RadioSet { width: 100%; margin: 1 0; }
+    VerdictDialog OptionList { width: 100%; height: auto; margin: 1 0; }
     VerdictDialog Horizontal { height: auto; align: center middle; margin-top: 1; }
     VerdictDialog Button { margin: 0 1; }
     """
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("h", "pick(0)", "Happened", show=False),
+        Binding("n", "pick(1)", "Did not happen", show=False),
+        Binding("u", "pick(2)", "Unknown", show=False),
+    ]
 
     def __init__(self, call_id: str, tool: str) -> None:
         super().__init__()
@@ -38,22 +48,36 @@ class VerdictDialog(ModalScreen[tuple[str, str] | None]):
             # escaped: a call id comes from the model, and `[/x]` in it would be taken for markup
             tool, call_id = escape(safe_text(self.tool)), escape(safe_text(self.call_id))
             yield Label(f"Did [b]{tool}[/b] ({call_id}) take effect?")
-            with RadioSet(id="verdict"):
-                for i, (value, label) in enumerate(VERDICTS):
-                    yield RadioButton(label, value=(i == 0), id=value)
+            yield OptionList(*(Option(Text(f"{label}  [{key}]"), id=value) for (value, label), key in zip(VERDICTS, "hnu")),
+                             id="verdict")
             yield Input(placeholder="optional note for the model (what you checked)", id="note")
+            yield Label("", id="hint")
             with Horizontal():
                 yield Button(r"Record \[enter]", id="record", variant="primary")
                 yield Button(r"Cancel \[esc]", id="cancel")
 
     def on_mount(self) -> None:
-        self.query_one(RadioSet).focus()
+        options = self.query_one(OptionList)
+        options.highlighted = None
+        options.focus()
+
+    def action_pick(self, index: int) -> None:
+        if not self.query_one("#note", Input).has_focus:
+            self.query_one(OptionList).highlighted = index
+
+    @on(OptionList.OptionSelected)
+    def selected(self) -> None:
+        self.record()
 
     @on(Button.Pressed, "#record")
     @on(Input.Submitted)
     def record(self) -> None:
-        pressed = self.query_one(RadioSet).pressed_button
-        verdict = pressed.id if pressed is not None and pressed.id else "unknown"
+        index = self.query_one(OptionList).highlighted
+        if index is None:
+            self.query_one("#hint", Label).update("Choose an answer first (↑/↓), then Enter.")
+            self.query_one(OptionList).focus()
+            return
+        verdict = VERDICTS[index][0]
         self.dismiss((verdict, self.query_one("#note", Input).value.strip()))
 
     @on(Button.Pressed, "#cancel")

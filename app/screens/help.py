@@ -1,0 +1,74 @@
+"""The help screen (F1, or `?` in an empty prompt): every key on every screen and every slash command, in one place,
+so the footer can stay short."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Label, Static
+
+from ..slash_commands import COMMANDS
+
+KEYS = (
+    ("chat", "Enter", "send the prompt (while a turn runs it is queued and shown)"),
+    ("chat", "Ctrl+J / Alt+Enter", "new line in the prompt"),
+    ("chat", "↑ / ↓", "earlier / later prompts (↑ in an empty prompt first takes back the last queued one)"),
+    ("chat", "/", "slash commands, with completion (Tab completes)"),
+    ("chat", "Esc", "cancel the running turn (it still ends with real step/end + turn/end)"),
+    ("chat", "PageUp / PageDown", "scroll the transcript (Home / End from an empty prompt: top / bottom)"),
+    ("chat", "Ctrl+T", "open or fold the latest reasoning block"),
+    ("chat", "Ctrl+O", "sessions (asks first if a turn is running)"),
+    ("chat", "Ctrl+P", "command palette: the slash commands, themes (the theme you pick is kept)"),
+    ("chat", "F1 / ?", "this help (? in an empty prompt)"),
+    ("approval", "a", "allow this call once"),
+    ("approval", "s", "allow this tool for the rest of the session (/permissions revokes)"),
+    ("approval", "p", "run_command only: allow commands starting with the same word (no ; | & $ > in them)"),
+    ("approval", "d / Esc", "deny"),
+    ("approval", "n", "deny, and type a note the model receives"),
+    ("approval", "↑↓ Enter, PgUp/PgDn", "choose; scroll the preview. Keys typed while you were typing go to "
+                                       "the prompt, never to the approval"),
+    ("resume", "↑ / ↓", "choose a recovered call: its detail pane shows everything about it"),
+    ("resume", "v / c", "record a verdict on an OUTCOME_UNKNOWN call / continue to the chat"),
+    ("verdict", "↑↓ Enter / Esc", "record the highlighted answer (nothing is preselected) / cancel"),
+    ("sessions", "Enter / n / i / Esc", "open or resume / new session / inspect read-only / back"),
+    ("anywhere", "Ctrl+Q", "quit in order: cancel the turn, write its closing events, flush, unlock"),
+)
+
+
+def help_table() -> Table:
+    table = Table(box=None, show_header=True, header_style="bold", pad_edge=False, expand=True)
+    table.add_column("where", style="dim", no_wrap=True)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("does", ratio=1)
+    for where, key, does in KEYS:
+        table.add_row(where, key, does)
+    for command in COMMANDS:
+        table.add_row("prompt", command.usage, command.help)
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical { width: 96%; max-width: 120; height: 92%; border: thick $primary; background: $surface;
+                            padding: 0 1; }
+    HelpScreen #title { text-style: bold; margin-bottom: 1; }
+    """
+
+    BINDINGS = [Binding("escape,f1,q,question_mark", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Cairn — keys and commands", id="title")
+            with VerticalScroll():
+                yield Static(help_table())
+                yield Static(Text("\nStart a prompt with // to send a text beginning with / to the model.",
+                                  style="dim"))
+        yield Footer()
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
