@@ -214,7 +214,7 @@ def tui_command(args: argparse.Namespace, config: Any) -> int:
         session_config = config_for_opened(config, opened)
     else:
         check_provider(config)  # configuration errors end here, before a session is created
-        opened = store.create(cwd=str(config.workspace))
+        opened = store.create(cwd=str(config.workspace), deferred=True)  # on disk with its first prompt
         session_config = config
     from .tui import CairnApp
 
@@ -231,7 +231,7 @@ def tui_command(args: argparse.Namespace, config: Any) -> int:
             session_config = config_for_opened(config, opened)
         else:
             check_provider(config)
-            opened = store.create(cwd=str(config.workspace))
+            opened = store.create(cwd=str(config.workspace), deferred=True)
             session_config = config
 
 

@@ -105,6 +105,29 @@ class SessionSummary:
     size: int | None = None  # bytes the session takes in its backend (None: unknown)
 
 
+class DeferredWriter(Writer):
+    """Creates its session on the first append, so a session nobody wrote to leaves nothing on disk."""
+
+    def __init__(self, backend: Backend, header: SessionHeader) -> None:
+        self._backend, self._header = backend, header
+        self._writer: Writer | None = None
+
+    @property
+    def inline_safe(self) -> bool:  # type: ignore[override]
+        return self._writer.inline_safe if self._writer is not None else False
+
+    def append(self, batch: list[EncodedEvent], durable: bool) -> int:
+        if self._writer is None:
+            if not batch:
+                return 0  # a barrier with nothing to write creates nothing
+            self._writer = self._backend.create(self._header)  # refuses an id that exists meanwhile
+        return self._writer.append(batch, durable)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
 class SessionStore:
     def __init__(self, home: Path | str, backend: Backend | str = "jsonl", database_url: str | None = None) -> None:
         self.home = Path(home)
@@ -116,13 +139,16 @@ class SessionStore:
         lock.acquire()
         return lock
 
-    def create(self, cwd: str, session_id: str | None = None, created: int | None = None) -> OpenedSession:
+    def create(self, cwd: str, session_id: str | None = None, created: int | None = None,
+               deferred: bool = False) -> OpenedSession:
+        """A new session, locked. `deferred`: nothing is written until its first event is (SPEC §6 rev 2: a session
+        with no turn yet is not created on disk until its first prompt) — the TUI opens one per launch."""
         self.backend.check_writable()
         session_id = check_session_id(session_id) if session_id is not None else new_session_id()
         header = SessionHeader(id=session_id, created=created or time.time_ns() // 1_000_000, cwd=cwd)
         lock = self._lock(session_id)
         try:
-            writer = self.backend.create(header)
+            writer = DeferredWriter(self.backend, header) if deferred else self.backend.create(header)
         except BaseException:
             lock.release()
             raise

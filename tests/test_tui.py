@@ -36,6 +36,8 @@ from cairn.persistence.locks import SessionLock, lock_holder
 from textual.widgets import DataTable, Input, Label, Static
 from tui_helpers import (
     CHANGELOG,
+    CREATED,
+    CWD,
     DEPLOY,
     SESSION_ID,
     SIZE,
@@ -104,6 +106,19 @@ def notifications(app: CairnApp) -> list[str]:
 
 
 # -- the barrier protocol ---------------------------------------------------------------------------------------------
+
+
+async def test_a_new_session_reaches_the_disk_only_with_its_first_prompt(tmp_path):
+    world = make_world(tmp_path, [{"text": "Hello."}])
+    opened = world.store.create(cwd=CWD, session_id="lazy", created=CREATED, deferred=True)  # what `cairn` does
+    app = CairnApp(world.config, opened, world.store)
+    async with running(app) as pilot:
+        await pilot.pause()
+        assert world.store.list_sessions() == [], "an untouched launch leaves no session behind"
+        await pilot.press("h", "i", "enter")
+        await wait_for(pilot, lambda: any(isinstance(e, TurnEnd) for e in app.session.events), "the turn to end")
+    assert [(s.id, s.status) for s in world.store.list_sessions()] == [("lazy", "completed")]
+    assert types_of(world.log("lazy"))[0] == "turn/start"
 
 
 async def test_turn_waits_at_pre_step_until_the_held_fsync_is_released(tmp_path):
