@@ -9,8 +9,10 @@ them), and remembers the theme chosen in `CAIRN_HOME/tui.json`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 from functools import partial
 from typing import Any
 
@@ -92,6 +94,7 @@ class CairnApp(App[SessionChoice | None]):
 
     def on_mount(self) -> None:
         self.theme_changed_signal.subscribe(self, self._remember_theme)
+        self._handle_signals()
         if self.session is None:
             self.push_screen(SessionsScreen(self.store), self._chosen)
         else:
@@ -135,6 +138,28 @@ class CairnApp(App[SessionChoice | None]):
 
     async def action_quit(self) -> None:
         await self.shutdown(None)
+
+    def _handle_signals(self) -> None:
+        """SIGHUP (the terminal closed), SIGTERM and SIGINT from outside do what Ctrl+Q does: cancel the turn, stop its
+        command, write the real closing events, final flush, unlock. A second signal exits at once; the log is still
+        repairable."""
+        loop = asyncio.get_running_loop()
+
+        async def hang_up() -> None:
+            await self.shutdown(None)
+            os._exit(129)  # the session is closed; the terminal is gone, so restoring it could only block
+
+        def on_signal(signum: int) -> None:
+            if self._shutting_down:
+                os._exit(130)
+            work = hang_up() if signum == signal.SIGHUP else self.shutdown(None)
+            self.run_worker(work, name="shutdown-on-signal")
+
+        for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(signum, on_signal, signum)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests), or no signals here
+                return
 
     async def shutdown(self, result: SessionChoice | None) -> None:
         if self._shutting_down:

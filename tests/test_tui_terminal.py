@@ -161,3 +161,40 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
                 os.killpg(command_pid, signal.SIGKILL)  # a safety net: the command dies with cairn (parent-death)
             except ProcessLookupError:
                 pass
+
+
+def test_closing_the_terminal_mid_command_ends_the_turn_in_order_and_leaves_no_process(tmp_path):
+    """Closing the terminal sends SIGHUP: the TUI does what Ctrl+Q does (issue 16), so the log ends in a real
+    `turn/end cancelled`, nothing is left for repair, and the command's process group is gone."""
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    ws.mkdir()
+    marker = tmp_path / "marker"
+    marker.write_text("")
+    script = write_script(tmp_path / "script.json", [{"tool_calls": [
+        {"name": "run_command", "arguments": {"command": f"printf 'started %s\\n' $$ > {marker}; sleep 60"}}]}])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "TERM": "xterm-256color", "CAIRN_HOME": str(home)}
+    tmux = Tmux(env)
+    command_pid = None
+    try:
+        pid = tmux.start("term", ws, f"{CAIRN} --provider script --script {script}")
+        tmux.wait_screen("term", "New session")
+        tmux("send-keys", "-t", "term", "deploy it", "Enter")
+        tmux.wait_screen("term", "Allow run_command?", "Choose with a key")
+        time.sleep(0.6)  # past the type-ahead window: a deliberate key
+        tmux("send-keys", "-t", "term", "a")
+        started = wait_sync(lambda: re.fullmatch(r"started (\d+)\n", marker.read_text()), "the command to start", WAIT)
+        command_pid = int(started.group(1))
+        tmux("kill-session", "-t", "term")  # the terminal goes away: SIGHUP to the program in it
+        wait_sync(lambda: not alive(pid), "cairn to exit", WAIT)
+        wait_sync(lambda: not alive(command_pid), "the command to be stopped", WAIT)
+        (session_id,) = iter_ids(home)
+        events = SessionStore(home).backend.load(session_id).events
+        assert isinstance(events[-1], TurnEnd) and events[-1].reason == "cancelled"
+        assert SessionStore(home).inspect(session_id).repair == [], "an ordered exit leaves nothing to repair"
+        codes = [e.error_code for e in events if isinstance(e, ToolResult)]
+        assert codes == [TOOL_OUTCOME_UNKNOWN]
+    finally:
+        tmux.kill_server()
+        if command_pid is not None and alive(command_pid):
+            os.killpg(command_pid, signal.SIGKILL)
