@@ -2,14 +2,15 @@
 
 Leaving the context cancels the running turn and waits until the loop is idle (so the real `step/end`/`turn/end` are
 written), removes the policy's hooks, then flushes and closes the session and releases its lock. AsyncExitStack gives
-that order by construction.
+that order by construction. Configured MCP servers (app/mcp_client.py) are entered just before the policy, so they stop
+after the loop has quiesced and before persistence closes.
 """
 
 from __future__ import annotations
 
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from cairn.persistence.coordinator import DEFAULT_WINDOW
 from cairn.persistence.session import LiveSession
@@ -33,6 +34,7 @@ class Agent:
     policy: CheckpointPolicy | None
     provider: Provider | None = None
     config: Config | None = None  # the effective one: a resumed session's own provider and model applied
+    mcp: Any = None  # mcp_client.McpServers when MCP servers are configured (their states, for displays)
 
     @property
     def id(self) -> str:
@@ -82,6 +84,17 @@ async def mount_agent(
     secrets = provider_secrets(provider) + database_secrets(getattr(config, "database_url", None))
     if secrets:
         session.add_secrets(secrets)
+    registry = tools or ToolRegistry(builtin_tools())
+    mcp = None
+    if getattr(config, "mcp_servers", None):
+        # before the policy and the loop, so the stack stops the servers after the loop has quiesced and before
+        # persistence closes; mcp (and pydantic) are imported only here
+        from .mcp_client import McpServers
+
+        mcp = McpServers(config.mcp_servers, config.workspace, report=report)
+        session.add_secrets(mcp.secrets)
+        await stack.enter_async_context(mcp)
+        registry = ToolRegistry([*registry, *[t for t in mcp.tools if t.name not in registry]])
     hooks = Hooks()
     policy = None
     if with_policy:
@@ -92,13 +105,13 @@ async def mount_agent(
         failpoint.install(hooks)  # after the policy: it stops *after* the barrier at the same point
         approver = failpoint.wrap_approver(approver or headless_approver(False))
     loop = AgentLoop(
-        session, provider, tools or ToolRegistry(builtin_tools()), config.workspace, approver, hooks,
+        session, provider, registry, config.workspace, approver, hooks,
         max_retries=config.max_retries,
         context_window=getattr(config, "context_window", None) or context_window_for(provider.model),
         profile=getattr(config, "profile", None),
     )
     await stack.enter_async_context(loop)
-    return Agent(session, loop, policy, provider, config)
+    return Agent(session, loop, policy, provider, config, mcp)
 
 
 @asynccontextmanager

@@ -89,6 +89,8 @@ class Config:
     include_usage: bool = True
     context_window: int | None = None
     thinking_budget: int | None = None
+    # MCP servers this session starts (config file `[mcp_servers.NAME]`, plus an editor's in ACP): mcp_client configs
+    mcp_servers: tuple[Any, ...] = ()
     # setting -> where its value came from: "flag --model", "env CAIRN_MODEL", "profile NAME", "default"
     sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -165,6 +167,7 @@ def resolve_config(
         check_base_url(url, "--base-url" if base_url else "CAIRN_BASE_URL")
     config = dataclasses.replace(
         config,
+        mcp_servers=tuple(file.mcp_servers.values()) if file else (),
         config_file=file.path if file else None,
         profile=chosen_profile.name if chosen_profile else None,
         provider=chosen,

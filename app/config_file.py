@@ -48,6 +48,7 @@ class ConfigFile:
     path: Path
     default_profile: str | None = None
     profiles: dict[str, Profile] = field(default_factory=dict)
+    mcp_servers: dict[str, Any] = field(default_factory=dict)  # NAME -> mcp_client.McpServerConfig
 
     def profile(self, name: str, how: str) -> Profile:
         """The profile called `name`; `how` says who asked for it (for the error)."""
@@ -173,7 +174,7 @@ PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {
     "timeout": _number(0.0),
     "max_retries": _integer(0, 100),
 }
-TOP_KEYS = ("default_profile", "profiles")
+TOP_KEYS = ("default_profile", "profiles", "mcp_servers")
 REFUSED_KEYS = {
     "api_key": "keys are never read from the config file (it gets shared and committed): put the key in an environment "
     "variable and name it here with api_key_env = \"…\"",
@@ -234,6 +235,20 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> ConfigFile
             except ValueError as e:
                 raise ConfigFileError(where.error(keys, str(e))) from None
         result.profiles[name] = Profile(name, settings)
+    servers = data.get("mcp_servers", {})
+    if not isinstance(servers, dict):
+        raise ConfigFileError(where.error(["mcp_servers"], "must be a table of [mcp_servers.NAME] sections"))
+    if servers:
+        from .mcp_client import McpConfigError, parse_server_table
+
+        for name, body in servers.items():
+            try:
+                result.mcp_servers[name] = parse_server_table(name, body)
+            except McpConfigError as e:
+                if e.keys:
+                    raise ConfigFileError(where.error(["mcp_servers", name, *e.keys], e.message)) from None
+                line = where._line(["mcp_servers", name, "\0"])  # no such key: the line of the table's header
+                raise ConfigFileError(f"{path}{f':{line}' if line else ''}: mcp_servers.{name}: {e.message}") from None
     default = data.get("default_profile")
     if default is not None:
         if not isinstance(default, str) or default not in result.profiles:

@@ -237,7 +237,7 @@ async def test_mcp_servers_offered_by_the_editor_are_named_once_never_ignored_si
     (notice,) = client.updates
     assert notice.session_update == "agent_message_chunk" and "MCP servers" in notice.content.text
     assert "github" in notice.content.text
-    assert "Cairn does not support MCP servers yet" in agent_stderr(rig)
+    assert "MCP servers not used: github (did not start" in agent_stderr(rig)  # issue 15: offered servers are used
 
 
 async def test_file_links_become_workspace_paths_and_a_link_outside_is_refused(rig):

@@ -38,8 +38,14 @@ message the CLI prints.
 Not supported, so not advertised: image, audio and embedded-context prompts (a text resource that is sent anyway is
 inlined, a binary one only named); the client's file system and terminals (tools act on the workspace directly);
 config options, authentication; `session/close` and the other unstable methods, so a session stays open (and locked)
-until the client disconnects. MCP servers offered by the client are not used yet: the session says so in one agent
-message and stderr gets a warning, so they are never dropped silently.
+until the client disconnects.
+
+MCP servers offered by the client (`mcpServers` of session/new and session/load; stdio and http, advertised in
+`mcpCapabilities`) start with the session beside those of the config file (an editor's server replaces a file's of the
+same name); their tools are `NAME__tool` with the safety class of their annotations (app/mcp_client.py). One agent
+message names what could not be used — an SSE or ACP-transport server, a server that failed to start — and stderr
+gets the same warning, so nothing offered is dropped silently. A session that is already open keeps the servers it
+was opened with.
 """
 
 from __future__ import annotations
@@ -137,7 +143,7 @@ class CairnAgent:
             agent_capabilities=AgentCapabilities(
                 load_session=True,
                 prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=False),
-                mcp_capabilities=McpCapabilities(http=False, sse=False),
+                mcp_capabilities=McpCapabilities(http=True, sse=False),
                 session_capabilities=SessionCapabilities(list=SessionListCapabilities()),
             ),
             auth_methods=[],
@@ -145,19 +151,20 @@ class CairnAgent:
         )
 
     async def new_session(self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any) -> NewSessionResponse:
-        config = self._config_for(cwd)
+        config, skipped = with_editor_servers(self._config_for(cwd), mcp_servers)
         opened = self._open(lambda: self.store.create(cwd=str(config.workspace)))
         host = await self._start(opened, config)
         log.info("session %s: new, workspace %s", host.id, config.workspace)
         host.pump.hold()  # released once the answer carrying the id is out (observe)
-        self._greet(host, mcp_servers)
+        self._greet(host, skipped)
         return NewSessionResponse(session_id=host.id, modes=mode_state(host.mode))
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
                            **kwargs: Any) -> LoadSessionResponse:
-        config = self._config_for(cwd)
+        config, skipped = with_editor_servers(self._config_for(cwd), mcp_servers)
         host = self.sessions.get(session_id)
         if host is not None and host.agent is not None:  # already open in this process: replay it as it stands
+            skipped = []  # it keeps the servers it was opened with
             self._same_workspace(session_id, str(host.config.workspace), config)
             history = list(host.agent.session.events)
         else:
@@ -175,7 +182,7 @@ class CairnAgent:
         title = session_title(history)
         if title:
             host.pump.put(SessionInfoUpdate(session_update="session_info_update", title=title))
-        self._greet(host, mcp_servers)
+        self._greet(host, skipped)
         await host.pump.drain()
         return LoadSessionResponse(modes=mode_state(host.mode))
 
@@ -199,16 +206,19 @@ class CairnAgent:
             if host is not None:
                 host.pump.release()
 
-    def _greet(self, host: SessionHost, mcp_servers: list[Any] | None) -> None:
-        """What a client shows beside a fresh or reopened session: the slash commands, and a word about MCP servers
-        offered to us (Cairn cannot use them yet: said once in the thread and on stderr, never silently dropped)."""
+    def _greet(self, host: SessionHost, skipped: list[str]) -> None:
+        """What a client shows beside a fresh or reopened session: the slash commands, and one message naming the MCP
+        servers that could not be used (a transport Cairn lacks, a failed start), never silently dropped."""
         host.pump.put(update_available_commands(COMMANDS))
-        if mcp_servers:
-            names = ", ".join(getattr(s, "name", "?") for s in mcp_servers)
-            log.warning("session %s: the client offered MCP servers (%s); Cairn does not support MCP servers yet, "
-                        "they are not used", host.id, names)
-            host.say(f"Cairn cannot use the MCP servers offered by the editor yet ({names}); only its own tools are "
-                     "available in this session.")
+        mcp = host.agent.mcp if host.agent is not None else None
+        failed = [f"{s.config.name} (did not start: {s.error})" for s in (mcp.states if mcp is not None else [])
+                  if s.status == "failed"]
+        unusable = skipped + failed
+        if unusable:
+            names = "; ".join(unusable)
+            log.warning("session %s: MCP servers not used: %s", host.id, names)
+            host.say(f"Cairn cannot use these MCP servers in this session: {names}. Their tools are not available; "
+                     "every other tool is.")
 
     def _same_workspace(self, session_id: str, stored: str, config: Config) -> None:
         if Path(stored).resolve() != config.workspace:
@@ -343,6 +353,20 @@ class CairnAgent:
             raise error(INTERNAL, str(e), sessionId=e.session_id, pid=e.pid) from None
         except PersistenceError as e:
             raise error(INTERNAL, str(e)) from None
+
+
+def with_editor_servers(config: Config, offered: list[Any] | None) -> tuple[Config, list[str]]:
+    """The session's config with the editor's MCP servers added (replacing a config-file server of the same name), and
+    one line per offered server Cairn cannot use. mcp_client imports nothing heavy; the SDK loads only when a session
+    with servers starts."""
+    if not offered:
+        return config, []
+    from ..mcp_client import from_editor
+
+    servers, skipped = from_editor(offered)
+    editor_names = {s.name for s in servers}
+    kept = tuple(s for s in config.mcp_servers if s.name not in editor_names)
+    return dataclasses.replace(config, mcp_servers=(*kept, *servers)), skipped
 
 
 def prompt_text(blocks: list[Any], workspace: Path) -> str:

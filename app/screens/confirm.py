@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.markup import escape
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Static
@@ -22,16 +23,17 @@ class ConfirmDialog(ModalScreen[bool]):
 
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, yes: str = "Leave and cancel the turn", no: str = "Stay") -> None:
         super().__init__()
         self.question = question
+        self.yes, self.no = yes, no
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.question, markup=False)
             with Horizontal():
-                yield Button(r"Stay \[n]", id="no", variant="primary")
-                yield Button(r"Leave and cancel the turn \[y]", id="yes", variant="error")
+                yield Button(f"{escape(self.no)} \\[n]", id="no", variant="primary")
+                yield Button(f"{escape(self.yes)} \\[y]", id="yes", variant="error")
         yield Footer()
 
     def on_mount(self) -> None:
