@@ -1,0 +1,79 @@
+"""The TUI against the strict local OpenAI-compatible server (SPEC rev 2 §7): after an HTTP error, a cut-off answer
+or reasoning with tool calls, the next request is one the strictest servers accept, and reasoning and usage show."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+
+from cairn.app.config import resolve_config
+from cairn.app.tui import CairnApp
+from cairn.persistence.events import TurnEnd
+from cairn.persistence.store import SessionStore
+from cairn.widgets.prompt_input import PromptInput
+from cairn.widgets.reasoning import ReasoningBlock
+from cairn.widgets.status_bar import StatusBar
+from openai_server import OpenAIServer, cut_off, error, text, tool_calls
+from tui_helpers import wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def strict_app(tmp_path: Path, server: OpenAIServer) -> AsyncIterator:
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    home = tmp_path / "home"
+    config = resolve_config(home=str(home), provider="openai", model="strict-model", base_url=server.base_url,
+                            workspace=str(workspace), env={"CAIRN_API_KEY": "sk-tui", "CAIRN_MAX_RETRIES": "0"})
+    store = SessionStore(home, "jsonl")
+    app = CairnApp(config, store.create(cwd=str(workspace), deferred=True), store)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            yield app, pilot
+    finally:
+        app.close_if_still_open()
+
+
+async def send(app: CairnApp, pilot, words: str, turns: int) -> list[TurnEnd]:
+    app.chat.query_one(PromptInput).insert(words)
+    await pilot.press("enter")
+    ended = lambda: [e for e in app.session.events if isinstance(e, TurnEnd)]  # noqa: E731
+    await wait_for(pilot, lambda: len(ended()) >= turns, f"turn {turns} to end")
+    return ended()
+
+
+async def test_an_http_error_then_a_cut_off_answer_then_a_new_prompt_all_continue(tmp_path):
+    calls = [{"id": "call_w", "name": "write_file", "arguments": {"path": "x.txt", "content": "data"}}]
+    with OpenAIServer([error(400, "bad request at step one"), cut_off(calls, keep=10), text("All good now.")]) as server:
+        async with strict_app(tmp_path, server) as (app, pilot):
+            first = await send(app, pilot, "hello", 1)
+            second = await send(app, pilot, "write x.txt", 2)
+            third = await send(app, pilot, "and now?", 3)
+            await pilot.press("ctrl+q")
+    assert first[0].reason == "error" and second[1].error.code == "MAX_TOKENS" and third[2].reason == "completed"
+    assert not (tmp_path / "ws" / "x.txt").exists()
+    assert not server.refusals, [(r.refused, r.violations) for r in server.refusals]
+    roles = [m["role"] for m in server.requests[-1].body["messages"]]
+    assert roles[:2] == ["system", "user"] and roles[-1] == "user"
+
+
+async def test_reasoning_with_a_tool_call_is_shown_and_sent_back_and_usage_reaches_the_status_bar(tmp_path):
+    calls = [{"id": "call_ls", "name": "list_dir", "arguments": {"path": "."}}]
+    usage = {"prompt_tokens": 1200, "completion_tokens": 30, "total_tokens": 1230}
+    answers = [tool_calls(calls, reasoning="Look at the files first.", usage=usage),
+               text("Nothing here.", reasoning="Empty.", require_reasoning=True, usage=usage)]
+    with OpenAIServer(answers) as server:
+        async with strict_app(tmp_path, server) as (app, pilot):
+            ends = await send(app, pilot, "what is here?", 1)
+            await pilot.pause()
+            blocks = list(app.chat.query(ReasoningBlock))
+            status = str(app.chat.query_one(StatusBar).render())
+            await pilot.press("ctrl+q")
+    assert ends[0].reason == "completed"
+    assert not server.refusals, [(r.refused, r.violations) for r in server.refusals]
+    assert len(blocks) == 2
+    assert "2.4k" in status and "60" in status, status  # the session's input and output tokens, compact
