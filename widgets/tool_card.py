@@ -1,4 +1,9 @@
-"""A tool-call card: name, arguments summary, safety class and a live status, with the output expandable.
+"""A tool-call card: a live status, the safety class, the name and an arguments summary, with the output expandable.
+
+The title puts what matters first — status, then safety — and the arguments last, cut with an ellipsis at whatever
+width the card has, so at 80 columns a running side effect still says `⟳ running [side_effecting]`. The two recovery
+outcomes look different: NOT_STARTED (safe to retry) in the accent colour, OUTCOME_UNKNOWN (verify first) in a heavy
+error-coloured border, each with its word.
 
 Name, arguments and output come from the model and the tools: they are made terminal-safe (`safe_text`) and given to
 widgets as `Text` or with markup off, never parsed as markup.
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Collapsible, Static
 
@@ -27,6 +33,15 @@ STATUS_LABELS = {
     "truncated": "✂ TRUNCATED, not run",
 }
 
+STATUS_STYLES = {
+    "not started": "bold $accent",
+    "outcome unknown": "bold $error",
+    "error": "bold $error",
+    "denied": "bold $error",
+    "done": "$success",
+}
+SUMMARY_LIMIT = 400  # the title's Text crops the summary to the card's width with an ellipsis
+
 ERROR_STATUS = {
     "TOOL_NOT_STARTED": "not started",
     "TOOL_OUTCOME_UNKNOWN": "outcome unknown",
@@ -45,10 +60,12 @@ def status_for(error_code: str | None) -> str:
 class ToolCard(Vertical):
     DEFAULT_CSS = """
     ToolCard { height: auto; border: round $primary 40%; padding: 0 1; margin: 0 0 1 2; }
-    ToolCard .title { height: 1; }
+    ToolCard .title { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
     ToolCard.-done { border: round $success 50%; }
     ToolCard.-error, ToolCard.-denied, ToolCard.-aborted { border: round $error 60%; }
-    ToolCard.-not-started, ToolCard.-outcome-unknown, ToolCard.-truncated { border: round $warning; }
+    ToolCard.-not-started { border: round $accent; }
+    ToolCard.-outcome-unknown { border: heavy $error; }
+    ToolCard.-truncated { border: round $warning; }
     ToolCard Collapsible { padding: 0; border: none; }
     """
 
@@ -79,13 +96,12 @@ class ToolCard(Vertical):
             self._refresh_title()
 
     def _refresh_title(self) -> None:
-        from rich.text import Text
-
-        title = Text()
-        title.append(safe_text(self.tool_name), style="bold")
-        title.append(f"({safe_text(summarize_arguments(self.arguments, 60))})")
-        title.append(f"  [{safe_text(self.safety)}]  ", style="dim")
-        title.append(STATUS_LABELS.get(self.status, self.status))
+        title = Content.assemble(
+            (STATUS_LABELS.get(self.status, self.status), STATUS_STYLES.get(self.status, "bold")),
+            (f"  [{safe_text(self.safety)}]  ", "dim"),
+            (safe_text(self.tool_name), "bold"),
+            f"({safe_text(summarize_arguments(self.arguments, SUMMARY_LIMIT))})",
+        )
         self._title.update(title)
 
     def set_safety(self, safety: str) -> None:

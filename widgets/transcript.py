@@ -2,9 +2,14 @@
 tool-call cards.
 
 History and live updates go through the same `apply()`, so what a resumed session shows is exactly what was seen live.
-Streaming writes go to Textual's MarkdownStream, which batches fragments while a render is in flight, so a fast model
-does not re-render the document once per token. Reasoning streams into a collapsed `ReasoningBlock` above the step's
-answer; in history it comes from `assistant/message.reasoning`.
+Answers are `AssistantText` columns of sealed pieces plus one small live piece (see `answer_text`): the cost of a chunk
+does not grow with the answer, and sealed and live parts are drawn by the same renderer. Reasoning streams into a
+collapsed `ReasoningBlock` above the step's answer; in history it comes from `assistant/message.reasoning`.
+
+History opens at the tail (`load_history`): every event is applied into a list of widgets, only the last screenfuls
+are mounted, and older ones (whole widgets, or the hidden pieces of a long answer) are mounted as the view nears the
+top. Follow mode is Textual's anchor: the view stays at the end while it is there; scrolling up releases it (nothing
+pulls the view back) and a "↓ new output" line says when more arrived below; End or a click on that line follows again.
 
 Every text that reaches a widget here came from outside (model, tools, prompts, the session file) and passes through
 `safe_text` first: an ESC or OSC sequence is shown as a visible symbol, never acted on by the terminal. Plain texts are
@@ -13,12 +18,12 @@ given to widgets with markup off, so `[b]` in a prompt or a tool's output is sho
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
-from rich.markdown import Markdown as RichMarkdown
+from textual import events
 from textual.containers import VerticalScroll
 from textual.widget import Widget
-from textual.widgets import Markdown, Static
+from textual.widgets import Static
 
 from cairn.app.terminal_text import safe_text
 from cairn.persistence.events import (
@@ -35,9 +40,11 @@ from cairn.persistence.events import (
     UserMessage,
 )
 
+from .answer_text import AssistantText
 from .reasoning import ReasoningBlock
 from .tool_card import ToolCard
 
+__all__ = ["AssistantText", "Notice", "Transcript", "UserPrompt", "turn_notice"]
 
 class UserPrompt(Static):
     DEFAULT_CSS = "UserPrompt { margin: 1 0 0 0; padding: 0 1; background: $boost; color: $text; text-style: bold; }"
@@ -51,20 +58,36 @@ class Notice(Static):
     """
 
 
-class AssistantText(Markdown):
-    DEFAULT_CSS = "AssistantText { margin: 0 0 0 0; padding: 0 1; background: transparent; }"
+class NewOutput(Static):
+    """The "↓ new output" line: shown at the bottom of the view while it does not follow and more arrived below."""
+
+    DEFAULT_CSS = """
+    NewOutput { dock: bottom; width: auto; height: 1; margin: 0 2; padding: 0 1; display: none;
+                background: $accent; color: $text; text-style: bold; }
+    NewOutput.-visible { display: block; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__("↓ new output (End)", markup=False)
+
+    def on_click(self, event: events.Click) -> None:
+        event.stop()
+        transcript = self.parent
+        if isinstance(transcript, Transcript):
+            transcript.follow()
 
 
-class SealedText(Static):
-    """Finished paragraphs of a long answer, rendered once by Rich (see Transcript._seal)."""
-
-    DEFAULT_CSS = "SealedText { padding: 0 1; }"
-
-    def __init__(self, markdown: str) -> None:
-        super().__init__(RichMarkdown(markdown))
+HISTORY_SCREENS = 3  # screenfuls of history mounted at open; more as the view nears the top
+MIN_HISTORY_LINES = 60
 
 
-SEAL_AFTER = 4000  # characters of live Markdown before the finished paragraphs are sealed
+def estimated_lines(widget: Widget) -> int:
+    """A cheap guess of a widget's height before it is laid out (deciding how much history to mount)."""
+    if isinstance(widget, AssistantText):
+        return widget.estimated_lines()
+    if isinstance(widget, ToolCard):
+        return 4
+    return 2
 
 
 class Transcript(VerticalScroll):
@@ -74,20 +97,145 @@ class Transcript(VerticalScroll):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.safety_of = safety_of  # a tool's safety class before its tool/call says it
         self.cards: dict[str, ToolCard] = {}
+        self.new_output = NewOutput()
         self._assistant: AssistantText | None = None
-        self._stream = None  # MarkdownStream of the answer being streamed
         self._streamed = ""
-        self._segment = ""  # the part of the answer still in the live Markdown widget
         self._answer_start: Widget | None = None  # the first widget of the step's answer (reasoning goes above it)
         self._reasoning: ReasoningBlock | None = None  # the step's reasoning block, once mounted
         self._reasoned = ""  # reasoning chunks read from history (their assistant/message holds the whole text)
+        self._sink: list[Widget] | None = None  # while history is read: widgets collect here instead of mounting
+        self.older: list[Widget] = []  # history widgets not mounted yet, oldest first
+        self._revealing = False
+
+    def compose(self):  # type: ignore[override]
+        yield self.new_output
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    def mount(self, *widgets: Widget, before: Any = None, after: Any = None) -> Any:  # type: ignore[override]
+        """Anything mounted without a place (a screen's notices) goes before the docked "new output" line, so it
+        stays in order with the conversation mounted before it."""
+        if before is None and after is None and self.new_output.parent is self:
+            before = self.new_output
+        return super().mount(*widgets, before=before, after=after)
 
     @property
     def reasoning_blocks(self) -> list[ReasoningBlock]:
-        return list(self.query(ReasoningBlock))
+        return [w for w in self.older if isinstance(w, ReasoningBlock)] + list(self.query(ReasoningBlock))
+
+    # -- follow mode ------------------------------------------------------------------------------------------------
+
+    @property
+    def following(self) -> bool:
+        return self._anchored and not self._anchor_released
+
+    def follow(self) -> None:
+        """Back to the end, and stay there as output arrives (End, or a click on "↓ new output")."""
+        self.anchor()
+        self.new_output.set_class(False, "-visible")
+
+    def scroll_end(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.new_output.set_class(False, "-visible")
+        return super().scroll_end(*args, **kwargs)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self.following:
+            self.new_output.set_class(False, "-visible")
+        if self.older_remaining and new_value < max(4, self.size.height) and not self._revealing:
+            self._revealing = True
+            self.call_after_refresh(self._reveal_more)
+
+    def _content_arrived(self) -> None:
+        if not self.following:
+            self.new_output.set_class(True, "-visible")
+
+    # -- history from the tail --------------------------------------------------------------------------------------
+
+    async def load_history(self, events: list[AnyEvent]) -> None:
+        """Apply the session's events as `apply(live=False)` would, but mount only the tail: about HISTORY_SCREENS
+        screenfuls; the rest waits in `older` (and in the hidden pieces of the first answer shown)."""
+        self._sink = []
+        try:
+            for event in events:
+                await self.apply(event, live=False)
+        finally:
+            built, self._sink = self._sink, None
+        budget = max(MIN_HISTORY_LINES, HISTORY_SCREENS * (self.size.height or 24))
+        index, lines = len(built), 0
+        while index > 0 and lines < budget:
+            index -= 1
+            widget = built[index]
+            if isinstance(widget, AssistantText) and widget.finished:
+                lines += widget.hide_older(budget - lines)
+            else:
+                lines += estimated_lines(widget)
+        self.older = built[:index]
+        if built[index:]:
+            await self.mount_all(built[index:], before=self.new_output)
+        self.anchor()
+
+    @property
+    def older_remaining(self) -> bool:
+        first = self._first_content()
+        return bool(self.older) or (isinstance(first, AssistantText) and first.hidden > 0)
+
+    def _first_content(self) -> Widget | None:
+        return next((c for c in self.children if c is not self.new_output), None)
+
+    async def reveal_older(self, lines: int | None = None) -> None:
+        """Mount about `lines` more lines of history above what is shown (all of it when None), keeping what is on
+        screen where it is."""
+        budget = lines if lines is not None else 1 << 60
+        before_height = self.virtual_size.height
+        shown = 0
+        while shown < budget and self.older_remaining:
+            first = self._first_content()
+            if isinstance(first, AssistantText) and first.hidden:
+                await first.reveal_older(budget - shown)
+                shown += budget if lines is not None else 0
+                continue
+            widget = self.older.pop()
+            if isinstance(widget, AssistantText) and lines is not None:
+                widget.hide_older(budget - shown)
+            shown += estimated_lines(widget)
+            await self.mount(widget, before=first)
+        if lines is not None and not self.following:
+            y = self.scroll_y
+
+            def keep_place() -> None:
+                self.scroll_to(y=y + self.virtual_size.height - before_height, animate=False, immediate=True,
+                               release_anchor=False)
+
+            self.call_after_refresh(keep_place)
+
+    async def _reveal_more(self) -> None:
+        try:
+            await self.reveal_older(max(MIN_HISTORY_LINES, 2 * self.size.height))
+        finally:
+            self._revealing = False
+
+    async def scroll_to_start(self) -> None:
+        """Home: the whole history, from its first line."""
+        await self.reveal_older(None)
+        self.release_anchor()
+        self.call_after_refresh(lambda: self.scroll_home(animate=False))
+
+    # -- applying events --------------------------------------------------------------------------------------------
+
+    async def _put(self, widget: Widget, before: Widget | None = None) -> None:
+        """Mount (live) or collect (history) a widget, at the end or before another one."""
+        if self._sink is not None:
+            index = self._sink.index(before) if before is not None and before in self._sink else len(self._sink)
+            self._sink.insert(index, widget)
+        elif before is not None and before.parent is self:
+            await self.mount(widget, before=before)
+        else:
+            await self.mount(widget, before=self.new_output)
 
     async def apply_many(self, events: list[AnyEvent]) -> None:
-        """Apply a batch of live events; consecutive chunks of one kind become one write, and the view scrolls once.
+        """Apply a batch of live events; consecutive chunks of one kind become one write.
         When the model streams faster than the screen renders, batches grow and the cost per token shrinks."""
         run: list[str] = []
         run_kind: type | None = None
@@ -103,7 +251,7 @@ class Transcript(VerticalScroll):
             await self.apply(event, live=True, scroll=False)
         if run:
             await self._write_run(run_kind, run)
-        self.scroll_end(animate=False)
+        self._content_arrived()
 
     async def _write_run(self, kind: type | None, deltas: list[str]) -> None:
         if kind is ReasoningChunk:
@@ -114,58 +262,21 @@ class Transcript(VerticalScroll):
     async def _write_reasoning(self, text: str) -> None:
         if self._reasoning is None:
             self._reasoning = ReasoningBlock(streaming=True)
-            await self._mount_above_answer(self._reasoning)
+            await self._put(self._reasoning, before=self._answer_start)
         await self._reasoning.append(text)
 
-    async def _mount_above_answer(self, widget: Widget) -> None:
-        if self._answer_start is not None and self._answer_start.parent is self:
-            await self.mount(widget, before=self._answer_start)
-        else:
-            await self.mount(widget)
-
     async def _write_delta(self, text: str) -> None:
-        text = safe_text(text)
-        if self._stream is None:
+        if self._assistant is None:
             if self._reasoning is not None and self._reasoning.streaming:
                 await self._reasoning.finish()  # the answer starts: the thinking folds away
             self._assistant = AssistantText()
-            await self.mount(self._assistant)
+            await self._put(self._assistant)
             self._answer_start = self._answer_start or self._assistant
-            self._stream = Markdown.get_stream(self._assistant)
-            self._segment = ""
-        self._streamed += text
-        self._segment += text
-        await self._stream.write(text)
-        if len(self._segment) > SEAL_AFTER:
-            await self._seal()
-
-    async def _seal(self) -> None:
-        """Move the finished paragraphs of a long streaming answer into one pre-rendered widget.
-
-        Textual lays out every Markdown block on each refresh, so a long answer streamed into one Markdown widget
-        makes every frame dearer (P6). Sealed text is laid out as a single widget; only the last paragraphs stay live.
-        """
-        cut = self._segment.rfind("\n\n")
-        head = self._segment[:cut]
-        if cut <= 0 or head.count("```") % 2:  # never split inside a code fence
-            return
-        tail = self._segment[cut + 2 :]
-        assert self._stream is not None and self._assistant is not None
-        await self._stream.stop()
-        sealed = SealedText(head)
-        await self.mount(sealed, before=self._assistant)
-        if self._answer_start is self._assistant:
-            self._answer_start = sealed
-        await self._assistant.remove()
-        self._assistant = AssistantText()
-        await self.mount(self._assistant)
-        self._stream = Markdown.get_stream(self._assistant)
-        self._segment = tail
-        await self._stream.write(tail)
+        await self._assistant.write(safe_text(text))
 
     async def apply(self, event: AnyEvent, live: bool = True, scroll: bool = True) -> None:
         if isinstance(event, UserMessage):
-            await self.mount(UserPrompt(f"> {safe_text(event.text)}", markup=False))
+            await self._put(UserPrompt(f"> {safe_text(event.text)}", markup=False))
         elif isinstance(event, AssistantChunk):
             if live:
                 await self._write_delta(event.delta)
@@ -187,7 +298,7 @@ class Transcript(VerticalScroll):
             if card is None:  # a nested call: not in the assistant message
                 card = ToolCard(event.call_id, event.name, event.arguments, event.safety)
                 self.cards[event.call_id] = card
-                await self.mount(card)
+                await self._put(card)
             card.set_safety(event.safety)
             card.status = "running"
         elif isinstance(event, ToolResult):
@@ -196,33 +307,33 @@ class Transcript(VerticalScroll):
                 card.set_result(event.content, event.error_code)
         elif isinstance(event, RecoveryVerdict):
             note = f" — {event.note}" if event.note else ""
-            await self.mount(Notice(safe_text(f"verdict on {event.call_id}: {event.verdict}{note}"), markup=False))
+            await self._put(Notice(safe_text(f"verdict on {event.call_id}: {event.verdict}{note}"), markup=False))
         elif isinstance(event, TurnEnd):
             await self._finish_answer(None)
             if event.reason != "completed":
-                await self.mount(turn_notice(event))
+                await self._put(turn_notice(event))
         if live and scroll:
-            self.scroll_end(animate=False)
+            self._content_arrived()
 
     async def _finish_answer(self, message: AssistantMessage | None) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         await self._finish_reasoning(message)
         if message is not None:
-            text = safe_text(message.text) + (" *(interrupted)*" if message.interrupted else "")
-            if self._assistant is None and text.strip():
-                await self.mount(AssistantText(text))
-            elif self._assistant is not None and message.interrupted:
-                await self._assistant.append(" *(interrupted)*")
+            if self._assistant is None:
+                text = safe_text(message.text) + (" *(interrupted)*" if message.interrupted else "")
+                if text.strip():
+                    await self._put(AssistantText(text))
+            else:
+                await self._assistant.finish(" *(interrupted)*" if message.interrupted else "")
             for call in message.tool_calls:
                 card = ToolCard(call.call_id, call.name, call.arguments, self.safety_of(call.name))
                 card.status = "queued"
                 self.cards[call.call_id] = card
-                await self.mount(card)
-        elif self._streamed and self._assistant is None:
+                await self._put(card)
+        elif self._assistant is not None:
+            await self._assistant.finish()
+        elif self._streamed:
             # chunks that never got their assistant/message (a crash mid-stream)
-            await self.mount(AssistantText(self._streamed + " *(cut off by a crash)*"))
+            await self._put(AssistantText(self._streamed + " *(cut off by a crash)*"))
         self._assistant = None
         self._streamed = ""
         self._answer_start = None
@@ -236,9 +347,9 @@ class Transcript(VerticalScroll):
             cut_off = message is None and self._reasoning.streaming
             await self._reasoning.finish(stored, note="cut off" if cut_off else "")
         elif stored:
-            await self._mount_above_answer(ReasoningBlock(stored))
+            await self._put(ReasoningBlock(stored), before=self._answer_start)
         elif message is None and self._reasoned:
-            await self._mount_above_answer(ReasoningBlock(self._reasoned, note="cut off by a crash"))
+            await self._put(ReasoningBlock(self._reasoned, note="cut off by a crash"), before=self._answer_start)
         self._reasoning = None
         self._reasoned = ""
 

@@ -120,8 +120,7 @@ class ChatScreen(Screen[None]):
         prompt.prompt_history = self.history.entries
         prompt.has_queued = lambda: bool(self.pending)
         transcript = self.query_one(Transcript)
-        for event in self.session.events:
-            await transcript.apply(event, live=False)
+        await transcript.load_history(self.session.events)  # the tail only: older turns mount as the view nears them
         self._count_tokens(self.session.events)
         if not self.session.events:
             hint = DEMO_HINT if self.provider.name == "demo" else ""
@@ -317,6 +316,32 @@ class ChatScreen(Screen[None]):
         popup.set_class(bool(found), "-visible")
         self.query_one(PromptInput).completion = f"/{found[0].name}" if found else ""
 
+    async def _switch_profile(self, name: str, say: Any) -> bool:
+        """`/model PROFILE`: the config file's profile from the next turn (provider, endpoint, model), recorded in the
+        next request/header. False when `name` is no profile (it is then a model name)."""
+        from ..config import ConfigError, make_provider
+        from ..config import provider_secrets as secrets_of
+        from ..slash_commands import profile_config
+
+        try:
+            config = profile_config(self.config, name)
+            if config is None:
+                return False
+            provider = make_provider(config)
+        except ConfigError as e:
+            await say(f"Profile {name} cannot be used: {e}", "-error")
+            return True
+        old, self.provider, self.config = self.provider, provider, config
+        if self.agent is not None:
+            self.session.add_secrets(secrets_of(provider))
+            self.agent.loop.provider = self.agent.provider = provider
+            self.agent.loop.profile = name
+            self.agent.config = config
+        self.run_worker(old.aclose(), exit_on_error=False)
+        self.query_one(StatusBar).provider = f"{provider.name}/{provider.model}"
+        await say(f"From the next turn on: profile {name}, {provider.name} {provider.model}.")
+        return True
+
     async def run_slash(self, name: str, argument: str) -> None:
         transcript = self.query_one(Transcript)
 
@@ -334,7 +359,11 @@ class ChatScreen(Screen[None]):
         elif name == "quit":
             await self.app.action_quit()
         elif name == "model":
-            if argument:
+            if argument and self.turn_running:
+                await say("The model is switched between turns: wait for this one to end (or Esc).", "-warning")
+            elif argument and await self._switch_profile(argument, say):
+                pass
+            elif argument:
                 self.provider.model = argument
                 self.query_one(StatusBar).provider = f"{self.provider.name}/{self.provider.model}"
                 await say(f"From the next request on, the model is {argument} ({self.provider.name}).")
@@ -344,6 +373,17 @@ class ChatScreen(Screen[None]):
         elif name == "permissions":
             await say(self._permissions(argument))
             self._refresh_activity()
+        elif name == "mcp":
+            from ..slash_commands import mcp_summary
+
+            await say(mcp_summary(self.agent.mcp if self.agent else None))
+        elif name == "compact":
+            if loop is None:
+                await say("Nothing to compact yet.")
+            else:
+                loop.compact_next = True
+                await say("The conversation will be compacted before the next request: earlier turns become a "
+                          "summary, and calls whose outcome is unknown are kept verbatim.")
         elif name == "usage":
             from cairn.widgets.status_bar import usage_text
 
@@ -389,8 +429,11 @@ class ChatScreen(Screen[None]):
     def action_scroll_transcript(self, how: str) -> None:
         """PageUp/PageDown scroll the transcript wherever the focus is (Home/End too, from an empty prompt)."""
         transcript = self.query_one(Transcript)
+        if how == "home":  # the whole history first: it is mounted from the tail
+            self.call_later(transcript.scroll_to_start)
+            return
         {"page_up": transcript.scroll_page_up, "page_down": transcript.scroll_page_down,
-         "home": transcript.scroll_home, "end": transcript.scroll_end}[how](animate=False)
+         "end": transcript.scroll_end}[how](animate=False)
 
     @on(PromptInput.ScrollRequested)
     def scroll_from_prompt(self, message: PromptInput.ScrollRequested) -> None:

@@ -1,0 +1,192 @@
+"""A TUI that keeps up with any answer and any session (issue 12): answers cut into sealed pieces at Markdown boundaries,
+history mounted from the tail, follow mode with a "↓ new output" line, tool-card titles that keep status and safety
+visible at 80 columns.
+
+Timing is never asserted here (P6/P8/P9 in bench/ measure it); these tests check what is cut where, what is mounted,
+and where the view is.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cairn.persistence.events import AssistantChunk
+from cairn.widgets.answer_text import LIVE_LIMIT, AnswerPiece, Sealer, pieces_of
+from cairn.widgets.tool_card import ToolCard
+from cairn.widgets.transcript import AssistantText, Transcript, UserPrompt
+from cairn.widgets.prompt_input import PromptInput
+from tui_helpers import completed_turn, crashed_turn, ended_turns, make_world, wait_for, write_log
+
+pytestmark = pytest.mark.anyio
+
+LIST = "Items:\n\n" + "".join(f"- item {i} with a few words\n" for i in range(300))
+TABLE = "| # | name |\n|---|---|\n" + "".join(f"| {i} | name {i} |\n" for i in range(300))
+CODE = "```python\n" + "".join(f"x_{i} = {i}\n" for i in range(600)) + "```\n\nDone.\n"
+
+
+def fed_in_chunks(text: str, size: int = 7) -> list:
+    sealer = Sealer()
+    pieces = []
+    for i in range(0, len(text), size):
+        pieces += sealer.feed(text[i:i + size])
+    return pieces + sealer.finish()
+
+
+# -- sealing --------------------------------------------------------------------------------------------------------
+
+
+def test_a_tight_list_is_sealed_between_items_and_no_piece_grows_past_the_live_limit():
+    pieces = fed_in_chunks(LIST)
+    assert len(pieces) > 5
+    assert all(len(p.text) <= LIVE_LIMIT + 100 for p in pieces)
+    for piece in pieces[1:]:
+        assert piece.text.startswith("- item "), piece.text[:30]  # cut only where an item starts
+    assert "".join(p.text for p in pieces).count("- item ") == 300
+
+
+def test_a_table_cut_between_rows_keeps_its_header_columns_and_shows_the_header_once():
+    pieces = fed_in_chunks(TABLE)
+    assert len(pieces) > 2
+    assert pieces[0].last_table is not None and pieces[0].last_table.show_header
+    widths = pieces[0].last_table.widths
+    for piece in pieces[1:]:
+        assert piece.text.startswith("| # | name |\n|---|---|\n")  # a valid table on its own
+        assert piece.first_table is not None and not piece.first_table.show_header
+        assert piece.first_table.widths == widths
+    rows = [line for p in pieces for line in p.text.splitlines()[2:] if line.startswith("| ") and "name " in line]
+    assert [int(r.split("|")[1]) for r in rows] == list(range(300))
+
+
+def test_a_code_block_cut_between_lines_is_closed_and_reopened_with_its_language():
+    pieces = fed_in_chunks(CODE)
+    code_pieces = [p for p in pieces if "x_" in p.text]
+    assert len(code_pieces) > 2
+    for piece in code_pieces[1:]:
+        assert piece.text.startswith("```python\n")
+    for piece in code_pieces[:-1]:
+        assert piece.text.endswith("```\n")
+    assert pieces[-1].text.strip().endswith("Done.")
+
+
+def test_feeding_chunk_by_chunk_cuts_where_feeding_the_whole_text_does():
+    for text in (LIST, TABLE, CODE, "word " * 50 + "\n\n" + "para two\n" * 400):
+        assert [p.text for p in fed_in_chunks(text, 13)] == [p.text for p in pieces_of(text)]
+
+
+def test_an_ordered_list_continued_in_a_new_piece_keeps_its_numbers():
+    text = "".join(f"{i}. step {i}\n" for i in range(1, 200))
+    pieces = pieces_of(text)
+    assert len(pieces) > 1
+    from rich.console import Console
+
+    from cairn.widgets.answer_text import AnswerMarkdown
+
+    console = Console(width=60, record=True)
+    console.print(AnswerMarkdown(pieces[1]))
+    first_number = pieces[1].text.split(".")[0]
+    assert console.export_text().lstrip().startswith(f"{first_number} step {first_number}")
+
+
+# -- history from the tail ------------------------------------------------------------------------------------------
+
+
+async def test_a_long_session_opens_at_its_tail_and_home_mounts_the_rest(tmp_path):
+    world = make_world(tmp_path, [])
+    events = []
+    for turn in range(1, 81):
+        events += completed_turn(turn, f"prompt {turn}", f"Answer {turn}.\n\n" + "line\n" * 5)
+    write_log(world.store, "long", events)
+    app = world.resume_app("long")
+    async with app.run_test(size=(100, 30)) as pilot:
+        transcript = await wait_for(pilot, lambda: app.chat and app.chat.query_one(Transcript), "the transcript")
+        await wait_for(pilot, lambda: list(transcript.query(UserPrompt)), "the history")
+        prompts = [str(p.render()) for p in transcript.query(UserPrompt)]
+        assert prompts[-1] == "> prompt 80"
+        assert len(prompts) < 40 and transcript.older  # only the tail is mounted
+        await pilot.pause()
+        assert transcript.scroll_y == transcript.max_scroll_y  # at the end
+
+        app.chat.query_one(PromptInput).focus()
+        await pilot.press("home")
+        await wait_for(pilot, lambda: not transcript.older_remaining, "the whole history")
+        await wait_for(pilot, lambda: transcript.scroll_y == 0, "the top")
+        prompts = [str(p.render()) for p in transcript.query(UserPrompt)]
+        assert prompts == [f"> prompt {t}" for t in range(1, 81)]
+        await pilot.press("ctrl+q")
+
+
+async def test_one_huge_answer_opens_with_only_its_last_pieces_mounted(tmp_path):
+    world = make_world(tmp_path, [])
+    text = "".join(f"- item {i} with a few words\n" for i in range(2000))
+    write_log(world.store, "list", completed_turn(1, "list them", text))
+    app = world.resume_app("list")
+    async with app.run_test(size=(100, 30)) as pilot:
+        answer = await wait_for(pilot, lambda: app.chat and list(app.chat.query(AssistantText)), "the answer")
+        answer = answer[0]
+        assert answer.source == text
+        mounted = list(answer.query(AnswerPiece))
+        assert 0 < len(mounted) < len(answer.pieces) // 4
+        assert mounted[-1].piece.text.endswith("- item 1999 with a few words\n")
+        transcript = app.chat.query_one(Transcript)
+        transcript.scroll_to(y=0, animate=False)  # the view nears the top: older pieces mount above
+        await wait_for(pilot, lambda: len(list(answer.query(AnswerPiece))) > len(mounted), "older pieces")
+        await pilot.press("ctrl+q")
+
+
+# -- follow mode ----------------------------------------------------------------------------------------------------
+
+
+async def test_follow_mode_follows_at_the_bottom_stays_when_scrolled_up_and_end_follows_again(tmp_path):
+    long_answer = "".join(f"- line {i}\n" for i in range(400))
+    world = make_world(tmp_path, [{"text": long_answer, "chunks": 200, "delay_ms": 15}])
+    app = world.new_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = app.chat.query_one(Transcript)
+        prompt = app.chat.query_one(PromptInput)
+        prompt.insert("stream")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: transcript.max_scroll_y > 40, "output longer than two screens")
+        assert transcript.following
+        await pilot.pause()
+        assert transcript.scroll_y >= transcript.max_scroll_y - 1  # at the bottom: follows
+
+        await pilot.press("pageup")
+        await wait_for(pilot, lambda: not transcript.following, "follow mode to stop")
+        where = transcript.scroll_y
+        chunks = sum(isinstance(e, AssistantChunk) for e in app.session.events)
+        await wait_for(pilot, lambda: sum(isinstance(e, AssistantChunk) for e in app.session.events) > chunks + 20,
+                       "more output")
+        await wait_for(pilot, lambda: transcript.new_output.has_class("-visible"), "the ↓ new output line")
+        assert transcript.scroll_y == where  # never yanked back down
+        assert transcript.max_scroll_y > where + 5
+
+        prompt.focus()
+        await pilot.press("end")
+        await wait_for(pilot, lambda: transcript.following, "follow mode again")
+        await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
+        await pilot.pause()
+        await pilot.pause()
+        assert transcript.scroll_y >= transcript.max_scroll_y - 1
+        assert not transcript.new_output.has_class("-visible")
+        await pilot.press("ctrl+q")
+
+
+# -- tool cards -----------------------------------------------------------------------------------------------------
+
+
+async def test_at_80_columns_card_titles_show_status_and_safety_and_the_two_recovery_outcomes_differ(tmp_path):
+    world = make_world(tmp_path, [])
+    write_log(world.store, "crashed", crashed_turn())
+    app = world.resume_app("crashed")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.chat and len(app.chat.query(ToolCard)) == 2, "two cards")
+        await pilot.pause()
+        cards = {c.tool_name: c for c in app.chat.query(ToolCard)}
+        deploy, changelog = cards["run_command"], cards["edit_file"]
+        await wait_for(pilot, lambda: deploy.status == "outcome unknown", "the repaired statuses")
+        titles = {name: str(card._title.render()) for name, card in cards.items()}
+        assert titles["run_command"].startswith("⚠ OUTCOME_UNKNOWN  [side_effecting]  run_command(")
+        assert changelog.status == "not started"
+        assert titles["edit_file"].startswith("⊘ NOT_STARTED")
+        assert deploy.styles.border_top != changelog.styles.border_top
+        await pilot.press("ctrl+q")

@@ -1,0 +1,378 @@
+"""An assistant answer drawn as a column of sealed Markdown pieces plus one small live piece.
+
+Why: a widget that re-parses and re-lays-out the whole answer on every frame makes each chunk dearer as the answer grows
+(a 2000-item list took minutes). Here the text is cut into pieces at boundaries where Markdown allows it — blank lines,
+between top-level list items, between table rows, between lines of a code block, between lines of a long paragraph —
+and every finished piece is rendered once and never touched again. Only the live piece (at most about `LIVE_LIMIT`
+characters past its last boundary) is re-rendered per frame. Sealed and live pieces use the same renderer
+(`AnswerMarkdown`), so there is no seam: a code block cut in two is drawn without vertical padding in both halves, and a
+table cut between rows keeps one set of column widths and one header.
+
+The same pieces serve history: an answer read from the log is cut the same way, so a long one can be mounted from its
+tail (`hidden`) and grow upwards as the user scrolls.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar, Iterable
+
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markdown import CodeBlock, Markdown as RichMarkdown, TableElement
+from rich.segment import Segment
+from rich.syntax import Syntax
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widget import Widget
+
+LIVE_LIMIT = 1000  # characters in the live piece before its finished part is sealed
+LIST_ITEM = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
+FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
+TABLE_DELIM = re.compile(r"\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?\s*$")
+SETEXT = re.compile(r" {0,3}(?:=+|-+)\s*$")
+MAX_COLUMN = 40  # a frozen table column is never wider than this (longer cells wrap)
+
+
+@dataclass
+class TableLook:
+    """How a table that spans pieces is drawn in each of them: fixed column widths, the header only in the first."""
+
+    widths: list[int]
+    show_header: bool = True
+
+
+@dataclass
+class Piece:
+    text: str  # Markdown, complete in itself (a cut fence closed, a continued table given its header back)
+    gap: bool = False  # a blank line separated it from the piece before
+    first_table: TableLook | None = None  # look of the piece's first table (the continuation of a cut table)
+    last_table: TableLook | None = None  # look of the piece's last table (a table cut after it)
+
+
+class _Code(CodeBlock):
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        code = str(self.text).rstrip("\n")
+        yield Syntax(code, self.lexer_name, theme=self.theme, word_wrap=True, padding=(0, 1))
+
+
+class _Table(TableElement):
+    look: TableLook | None = None
+
+    @classmethod
+    def create(cls, markdown: RichMarkdown, token: object) -> "_Table":
+        table = cls()
+        assert isinstance(markdown, AnswerMarkdown)
+        index = markdown.tables_seen
+        markdown.tables_seen += 1
+        if index == 0 and markdown.piece.first_table is not None:
+            table.look = markdown.piece.first_table
+        elif index == markdown.tables_total - 1 and markdown.piece.last_table is not None:
+            table.look = markdown.piece.last_table
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        look = self.look
+        table = Table(box=box.SIMPLE, pad_edge=False, style="markdown.table.border", show_edge=False,
+                      collapse_padding=True, show_header=look is None or look.show_header)
+        if self.header is not None and self.header.row is not None:
+            for index, column in enumerate(self.header.row.cells):
+                heading = column.content.copy()
+                heading.stylize("markdown.table.header")
+                width = look.widths[index] if look is not None and index < len(look.widths) else None
+                table.add_column(heading, width=width)
+        if self.body is not None:
+            for row in self.body.rows:
+                table.add_row(*[cell.content for cell in row.cells])
+        yield table
+
+
+class AnswerMarkdown(RichMarkdown):
+    """Rich's Markdown with the two changes pieces need: code without vertical padding, tables with a given look."""
+
+    elements: ClassVar[dict] = {**RichMarkdown.elements, "fence": _Code, "code_block": _Code, "table_open": _Table}
+
+    def __init__(self, piece: Piece) -> None:
+        super().__init__(piece.text)
+        self.piece = piece
+        self.tables_total = sum(1 for token in self.parsed if token.type == "table_open")
+        self.tables_seen = 0
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        self.tables_seen = 0
+        yield from super().__rich_console__(console, options)
+
+
+def _cells(line: str) -> list[str]:
+    line = line.strip()
+    if line.startswith("|"):
+        line = line[1:]
+    if line.endswith("|") and not line.endswith("\\|"):
+        line = line[:-1]
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line)]
+
+
+class Sealer:
+    """Cuts a growing Markdown text into finished pieces and a live rest, looking at each line once."""
+
+    def __init__(self) -> None:
+        self.text = ""  # everything written
+        self.prefix = ""  # synthetic start of the live piece: a reopened fence, or a continued table's header
+        self.body = ""  # the live piece's real text
+        self.gap = False  # the live piece follows a blank line
+        self.first_table: TableLook | None = None  # the live piece starts inside this (cut) table
+        self._scanned = 0  # offset in body of the first line not looked at yet
+        self._cut: tuple[int, str] | None = None  # the latest place the body may be cut, and how
+        self._fence: tuple[str, str] | None = None  # (closing marker, opening line) while inside a code fence
+        self._table: list[str] | None = None  # [header, delimiter, rows…] while inside a table
+        self._table_look: TableLook | None = None
+        self._prev = "blank"  # kind of the last line looked at
+        self._prev_line = ""
+
+    def feed(self, text: str) -> list[Piece]:
+        """Add text; return the pieces it finished (the live rest stays in `prefix` + `body`)."""
+        self.text += text
+        self.body += text
+        sealed: list[Piece] = []
+        while True:
+            end = self.body.find("\n", self._scanned)
+            if end < 0:
+                break
+            self._line(self._scanned, self.body[self._scanned:end])
+            self._scanned = end + 1
+            if self._scanned > LIVE_LIMIT and self._cut is not None:
+                sealed.append(self._seal(*self._cut))
+        return sealed
+
+    def finish(self) -> list[Piece]:
+        """Everything left becomes one last piece (none if it is blank)."""
+        if not self.body.strip():
+            return []
+        piece = Piece(self.prefix + self.body, self.gap, self.first_table)
+        self.prefix, self.body, self._scanned, self._cut = "", "", 0, None
+        return [piece]
+
+    @property
+    def live(self) -> Piece:
+        return Piece(self.prefix + self.body, self.gap, self.first_table)
+
+    def _line(self, start: int, line: str) -> None:
+        """Decide whether the body may be cut just before this line, then update the scanner's state with it."""
+        blank = not line.strip()
+        indented = line[:1] in (" ", "\t")
+        kind = ""
+        if self._fence is not None:
+            marker = self._fence[0]
+            closes = line.strip().startswith(marker) and not line.strip().strip(marker[0])
+            if not closes and self._prev == "code":
+                kind = "code"
+            self._prev = "fence_end" if closes else "code"
+            if closes:
+                self._fence = None
+        else:
+            if self._prev == "blank" and not blank and not indented and start > 0:
+                kind = "gap"
+            elif self._table is not None and len(self._table) > 2 and "|" in line and not blank:
+                kind = "row"
+            elif self._prev in ("list", "list_more") and LIST_ITEM.match(line):
+                kind = "item"
+            elif (self._prev in ("text", "quote", "heading") and not blank and not indented
+                  and not SETEXT.match(line) and not TABLE_DELIM.match(line)):
+                kind = "line"
+            self._classify(line, blank, indented)
+        if kind:
+            self._cut = (start, kind)
+        self._prev_line = line
+
+    def _classify(self, line: str, blank: bool, indented: bool) -> None:
+        opened = FENCE_OPEN.match(line)
+        if self._table is not None and not blank and "|" in line:
+            self._table.append(line)
+            return
+        self._table = None
+        if opened:
+            marker = opened.group(1)
+            self._fence = (marker, line)
+            self._prev = "fence_start"
+        elif blank:
+            self._prev = "blank"
+        elif self._prev == "text" and "|" in self._prev_line and TABLE_DELIM.match(line) and "-" in line:
+            self._table = [self._prev_line, line]
+            self._table_look = None
+            self._prev = "table"
+        elif LIST_ITEM.match(line):
+            self._prev = "list"
+        elif indented and self._prev in ("list", "list_more"):
+            self._prev = "list_more"
+        elif line.startswith(">"):
+            self._prev = "quote"
+        elif line.startswith("#"):
+            self._prev = "heading"
+        else:
+            self._prev = "text"
+
+    def _seal(self, at: int, kind: str) -> Piece:
+        head, rest = self.body[:at], self.body[at:]
+        piece = Piece(self.prefix + head.rstrip("\n") + "\n", self.gap, self.first_table)
+        prefix, first_table = "", None
+        if kind == "code":
+            assert self._fence is not None
+            piece.text += self._fence[0] + "\n"
+            prefix = self._fence[1] + "\n"
+        elif kind == "row":
+            assert self._table is not None
+            header, delimiter, *rows = self._table
+            if self._table_look is None:  # the first cut of this table freezes its columns for every later piece
+                widths = [len(c) for c in _cells(header)]
+                for row in rows:
+                    for index, cell in enumerate(_cells(row)[: len(widths)]):
+                        widths[index] = max(widths[index], len(cell))
+                self._table_look = TableLook([min(MAX_COLUMN, max(3, w + max(2, w // 2))) for w in widths])
+                piece.last_table = self._table_look
+            else:
+                piece.last_table = TableLook(self._table_look.widths, show_header=False)
+            prefix = f"{header}\n{delimiter}\n"
+            first_table = TableLook(self._table_look.widths, show_header=False)
+        self.gap = kind == "gap"
+        self.prefix, self.body, self.first_table = prefix, rest, first_table
+        self._scanned -= at
+        self._cut = None
+        return piece
+
+
+class _Rendered:
+    """A piece rendered once per width: Textual asks a renderable for its height and then for its lines, and a Markdown
+    render (code highlighting above all) is the dear part of a frame."""
+
+    def __init__(self, piece: Piece) -> None:
+        self.piece = piece
+        self._width = -1
+        self._lines: list[list[Segment]] = []
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if options.max_width != self._width:
+            lines = console.render_lines(AnswerMarkdown(self.piece), options, pad=False)
+            while lines and not "".join(segment.text for segment in lines[-1]).strip():
+                lines.pop()  # Rich ends some pieces with a blank line; spacing between pieces is the `-gap` margin
+            self._lines = lines
+            self._width = options.max_width
+        newline = Segment.line()
+        for line in self._lines:
+            yield from line
+            yield newline
+
+
+class AnswerPiece(Widget):
+    """One piece of an answer, drawn by `AnswerMarkdown`; sealed pieces are drawn once, the live one per frame."""
+
+    DEFAULT_CSS = "AnswerPiece { height: auto; } AnswerPiece.-gap { margin-top: 1; }"
+
+    def __init__(self, piece: Piece) -> None:
+        super().__init__()
+        self.piece = piece
+        self._rendered: _Rendered | None = None
+        self.set_class(piece.gap, "-gap")
+
+    def render(self) -> _Rendered:
+        if self._rendered is None or self._rendered.piece is not self.piece:
+            self._rendered = _Rendered(self.piece)
+        return self._rendered
+
+    def show(self, piece: Piece) -> None:
+        self.piece = piece
+        self.set_class(piece.gap, "-gap")
+        self.refresh(layout=True)
+
+    def estimated_lines(self) -> int:
+        return self.piece.text.count("\n") + 1 + self.piece.gap
+
+
+class AssistantText(Vertical):
+    """One assistant answer. `write()` while it streams, `finish()` when its message arrives; `source` is its text."""
+
+    DEFAULT_CSS = "AssistantText { height: auto; padding: 0 1; } AssistantText > AnswerPiece.-first { margin-top: 0; }"
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__()
+        self._sealer = Sealer()
+        self.pieces: list[AnswerPiece] = []
+        self.hidden = 0  # leading pieces not mounted yet (an answer from history, mounted from its tail)
+        self._live = AnswerPiece(Piece(""))
+        self.finished = False
+        if text:
+            self.pieces = [AnswerPiece(p) for p in self._sealer.feed(text) + self._sealer.finish()]
+            self.finished = True
+
+    @property
+    def source(self) -> str:
+        return self._sealer.text
+
+    def compose(self) -> ComposeResult:
+        yield from self.pieces[self.hidden:]
+        if not self.finished:
+            yield self._live
+
+    def on_mount(self) -> None:
+        self._mark_first()
+
+    def _mark_first(self) -> None:
+        for index, piece in enumerate(self.pieces[self.hidden:] + ([] if self.finished else [self._live])):
+            piece.set_class(index == 0, "-first")
+
+    async def write(self, text: str) -> None:
+        await self._add(self._sealer.feed(text))
+        self._live.show(self._sealer.live)
+
+    async def finish(self, suffix: str = "") -> None:
+        """The answer is complete: the live rest is sealed like the rest (optionally after a suffix)."""
+        pieces = self._sealer.feed(suffix) if suffix else []
+        await self._add(pieces + self._sealer.finish())
+        self.finished = True
+        if self._live.is_attached:
+            await self._live.remove()
+        self._mark_first()
+
+    async def _add(self, pieces: list[Piece]) -> None:
+        widgets = [AnswerPiece(p) for p in pieces]
+        self.pieces.extend(widgets)
+        if widgets and self.is_attached:
+            if self._live.is_attached:
+                await self.mount_all(widgets, before=self._live)
+            else:
+                await self.mount_all(widgets)
+            self._mark_first()
+
+    def hide_older(self, keep_lines: int) -> int:
+        """Before mounting from history: keep only the last pieces that hold about `keep_lines` lines. Returns the
+        lines kept."""
+        lines, index = 0, len(self.pieces)
+        while index > 0 and lines < keep_lines:
+            index -= 1
+            lines += self.pieces[index].estimated_lines()
+        self.hidden = index
+        return lines
+
+    async def reveal_older(self, lines: int) -> bool:
+        """Mount about `lines` more lines of hidden pieces above the mounted ones; False when none were hidden."""
+        if not self.hidden:
+            return False
+        index, shown = self.hidden, 0
+        while index > 0 and shown < lines:
+            index -= 1
+            shown += self.pieces[index].estimated_lines()
+        widgets, self.hidden = self.pieces[index:self.hidden], index
+        first = next(iter(self.children), None)
+        await self.mount_all(widgets, before=first) if first is not None else await self.mount_all(widgets)
+        self._mark_first()
+        return True
+
+    def estimated_lines(self) -> int:
+        return sum(p.estimated_lines() for p in self.pieces[self.hidden:]) + 1
+
+
+def pieces_of(text: str) -> Iterable[Piece]:
+    """The pieces a whole text is cut into (what history shows, and what a finished stream leaves)."""
+    sealer = Sealer()
+    return sealer.feed(text) + sealer.finish()
