@@ -399,3 +399,31 @@ async def test_acp_editor_servers_are_used_with_approval_by_class_and_sse_is_nam
     assert result_of(events, ticket["call_id"])["content"] == "ticket opened: t"
     assert not alive(records(record)[0]["pid"])
     assert "legacy" in agent_stderr(rig)
+
+
+@pytest.mark.anyio
+async def test_the_tui_lists_mcp_servers_and_their_tools_with_slash_mcp(rig):
+    from cairn.app.tui import CairnApp
+    from cairn.persistence.store import SessionStore
+    from cairn.widgets.prompt_input import PromptInput
+    from cairn.widgets.transcript import Notice, Transcript
+    from tui_helpers import wait_for
+
+    env = configure(rig, server_table("tix"), "[mcp_servers.broken]\ncommand = \"/nonexistent/cairn-mcp\"\n")
+    config = resolve_config(home=str(rig.home), workspace=str(rig.ws), provider="demo", env=rig.env(env))
+    store = SessionStore(rig.home, "jsonl")
+    app = CairnApp(config, store.create(cwd=str(rig.ws), deferred=True), store)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent", 30)
+            states = app.chat.agent.mcp.states
+            await wait_for(pilot, lambda: all(s.status != "starting" for s in states), "the servers to start", 30)
+            app.chat.query_one(PromptInput).insert("/mcp")
+            await pilot.press("enter")
+            said = lambda: [str(n.render()) for n in app.chat.query_one(Transcript).query(Notice)]  # noqa: E731
+            await wait_for(pilot, lambda: any("tix: ready" in s for s in said()), "the /mcp answer")
+            answer = next(s for s in said() if "tix: ready" in s)
+            await pilot.press("ctrl+q")
+    finally:
+        app.close_if_still_open()
+    assert "tix__" in answer and "broken: failed" in answer

@@ -16,6 +16,7 @@ import pytest
 
 from agent_helpers import ControlledOps
 from cairn.app.screens.approval import ApprovalModal
+from cairn.app.screens.confirm import ConfirmDialog
 from cairn.app.screens.resume import ResumeScreen
 from cairn.app.screens.sessions import SessionChoice, SessionsScreen
 from cairn.app.screens.verdict import VerdictDialog
@@ -455,6 +456,37 @@ async def test_sessions_screen_lists_an_unreadable_file_and_refuses_to_open_or_i
             await pilot.pause()
             assert app.is_running and app.screen is screen, f"{key} on an unreadable row keeps the list"
         assert sum("broken cannot be read" in m for m in notifications(app)) == 2
+
+
+async def test_sessions_screen_deletes_a_session_after_confirmation_never_a_live_one(tmp_path):
+    world = make_world(tmp_path, [])
+    write_log(world.store, "older", completed_turn(1, "list the files", "Here they are."))
+    write_log(world.store, "held", completed_turn(1, "someone else's session", "Busy."), created=1_764_690_000_000)
+    lock = SessionLock(world.store.lock_dir, "held")
+    lock.acquire()
+    try:
+        app = world.sessions_app()
+        async with running(app) as pilot:
+            screen = await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen, "sessions")
+            table = screen.query_one(DataTable)
+            table.move_cursor(row=table.get_row_index("held"))
+            await pilot.press("x")
+            await pilot.pause()
+            assert any("held is open in another process" in m for m in notifications(app))
+            table.move_cursor(row=table.get_row_index("older"))
+            await pilot.press("x")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation")
+            await pilot.press("n")  # keep
+            await pilot.pause()
+            assert world.store.exists("older")
+            await pilot.press("x")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: not world.store.exists("older"), "the deletion")
+            assert [key.value for key in table.rows] == ["held"]
+        assert world.store.exists("held")
+    finally:
+        lock.release()
 
 
 async def test_ctrl_o_opens_the_sessions_screen_from_the_chat_and_escape_returns(tmp_path):

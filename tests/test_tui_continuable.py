@@ -77,3 +77,37 @@ async def test_reasoning_with_a_tool_call_is_shown_and_sent_back_and_usage_reach
     assert not server.refusals, [(r.refused, r.violations) for r in server.refusals]
     assert len(blocks) == 2
     assert "2.4k" in status and "60" in status, status  # the session's input and output tokens, compact
+
+
+async def test_model_switches_to_a_config_file_profile_from_the_next_turn_and_the_header_records_it(tmp_path):
+    with OpenAIServer([text("from the first server")]) as first, OpenAIServer([text("from the local profile")]) as local:
+        config_file = tmp_path / "config.toml"
+        config_file.write_text(f'''
+[profiles.local]
+provider = "openai"
+base_url = "{local.base_url}"
+model = "local-model"
+''')
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        home = tmp_path / "home"
+        config = resolve_config(home=str(home), provider="openai", model="strict-model", base_url=first.base_url,
+                                workspace=str(workspace), config_file=str(config_file),
+                                env={"CAIRN_API_KEY": "sk-tui", "CAIRN_CONFIG": str(config_file)})
+        store = SessionStore(home, "jsonl")
+        app = CairnApp(config, store.create(cwd=str(workspace), deferred=True), store)
+        try:
+            async with app.run_test(size=(120, 40)) as pilot:
+                await send(app, pilot, "one", 1)
+                app.chat.query_one(PromptInput).insert("/model local")
+                await pilot.press("enter")
+                await send(app, pilot, "two", 2)
+                status = str(app.chat.query_one(StatusBar).render())
+                headers = [e for e in app.session.events if type(e).__name__ == "RequestHeader"]
+                await pilot.press("ctrl+q")
+        finally:
+            app.close_if_still_open()
+    assert [r.body["model"] for r in first.requests] == ["strict-model"]
+    assert [r.body["model"] for r in local.requests] == ["local-model"]
+    assert [(h.model, h.profile) for h in headers] == [("strict-model", None), ("local-model", "local")]
+    assert "openai/local-model" in status

@@ -31,7 +31,14 @@ from cairn.app.screens.resume import ResumeScreen, process_state
 from cairn.app.screens.sessions import SessionsScreen
 from cairn.app.screens.verdict import VerdictDialog
 from cairn.app.tui import CairnApp
-from cairn.persistence.events import DENIED, ApprovalDecided, RequestHeader, ToolProgress, UserMessage
+from cairn.persistence.events import (
+    DENIED,
+    ApprovalDecided,
+    ContextCompaction,
+    RequestHeader,
+    ToolProgress,
+    UserMessage,
+)
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.status_bar import StatusBar
 from cairn.widgets.transcript import Notice, Transcript
@@ -331,6 +338,23 @@ async def test_slash_commands_run_in_the_tui_complete_with_tab_and_never_reach_t
         assert header.model == "other-model"  # /model NAME applies from the next request
         assert "script/other-model" in status_text(app)
         await pilot.press("ctrl+q")
+
+
+async def test_compact_summarises_the_conversation_before_the_next_request(tmp_path):
+    world = make_world(tmp_path, [{"text": "first answer"}, {"text": "Summary: the first thing was done."},
+                                  {"text": "second answer"}])
+    app = world.new_app()
+    async with running(app) as pilot:
+        await submit(pilot, "first thing")
+        await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 1, "the first turn")
+        await submit(pilot, "/compact")
+        await wait_for(pilot, lambda: any("will be compacted" in n for n in notices(app)), "the /compact answer")
+        await submit(pilot, "second thing")
+        await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 2, "the second turn")
+        compactions = [e for e in app.session.events if isinstance(e, ContextCompaction)]
+        await pilot.press("ctrl+q")
+    (compaction,) = compactions
+    assert compaction.summary == "Summary: the first thing was done."
 
 
 async def test_f1_and_question_mark_in_an_empty_prompt_open_help_listing_every_binding(tmp_path):

@@ -34,7 +34,7 @@ KEYS = (
     ("resume", "↑ / ↓", "choose a recovered call: its detail pane shows everything about it"),
     ("resume", "v / c", "record a verdict on an OUTCOME_UNKNOWN call / continue to the chat"),
     ("verdict", "↑↓ Enter / Esc", "record the highlighted answer (nothing is preselected) / cancel"),
-    ("sessions", "Enter / n / i / Esc", "open or resume / new session / inspect read-only / back"),
+    ("sessions", "Enter / n / i / x / Esc", "open or resume / new session / inspect read-only / delete (asks first) / back"),
     ("anywhere", "Ctrl+Q", "quit in order: cancel the turn, write its closing events, flush, unlock"),
 )
 

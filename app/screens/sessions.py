@@ -11,12 +11,12 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
-from ..render import first_line, format_time, render_session
+from ..render import first_line, format_time
 from ..terminal_text import safe_text
+from .confirm import ConfirmDialog
 from cairn.persistence.store import SessionStore, SessionSummary
 
 
@@ -24,30 +24,6 @@ from cairn.persistence.store import SessionStore, SessionSummary
 class SessionChoice:
     action: str  # "open" or "new"
     session_id: str | None = None
-
-
-class InspectScreen(Screen[None]):
-    """A session as repair would leave it, read-only (like `cairn show`)."""
-
-    DEFAULT_CSS = "InspectScreen Static#log { padding: 0 1; }"
-    BINDINGS = [Binding("escape,q", "app.pop_screen", "Back")]
-
-    def __init__(self, store: SessionStore, session_id: str) -> None:
-        super().__init__()
-        self.store = store
-        self.session_id = session_id
-
-    def compose(self) -> ComposeResult:
-        inspection = self.store.inspect(self.session_id)
-        events = inspection.events + inspection.repair
-        live = " (live in another process: shown as it stands)" if inspection.live_pid is not None else ""
-        yield Label(f"Session {escape(safe_text(self.session_id))}{live} — read-only")
-        from textual.containers import VerticalScroll
-
-        with VerticalScroll():
-            text = render_session(events, len(inspection.events) if inspection.repair else None)
-            yield Static(safe_text(text), id="log", markup=False)
-        yield Footer()
 
 
 class SessionsScreen(Screen[SessionChoice | None]):
@@ -62,6 +38,7 @@ class SessionsScreen(Screen[SessionChoice | None]):
         Binding("enter", "open", "Open / resume"),
         Binding("n", "new", "New session"),
         Binding("i", "inspect", "Inspect read-only"),
+        Binding("delete,x", "delete", "Delete"),
         Binding("escape", "back", "Back"),
     ]
 
@@ -75,7 +52,8 @@ class SessionsScreen(Screen[SessionChoice | None]):
         with Vertical():
             yield Label(f"Sessions ({len(self.summaries)})", id="title")
             yield DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
-            yield Static("enter: open or resume · n: new session · i: inspect read-only · esc: back", id="hint")
+            yield Static("enter: open or resume · n: new session · i: inspect read-only · x/del: delete · esc: back",
+                         id="hint")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -125,6 +103,37 @@ class SessionsScreen(Screen[SessionChoice | None]):
             from .inspector import open_inspector
 
             open_inspector(self.app, self.store, chosen.id, follow=chosen.status == "live")
+
+    def action_delete(self) -> None:
+        """Delete the selected session after a confirmation; never the one open here or one live elsewhere."""
+        chosen = self._selected()
+        if chosen is None:
+            return
+        if chosen.id == self.current or chosen.status == "live":
+            where = "here" if chosen.id == self.current else "in another process"
+            self.notify(safe_text(f"Session {chosen.id} is open {where}; it cannot be deleted."), severity="warning",
+                        markup=False)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            from cairn.persistence.errors import PersistenceError
+
+            try:
+                self.store.delete(chosen.id)
+            except PersistenceError as e:
+                self.notify(safe_text(str(e)), severity="error", markup=False)
+                return
+            table = self.query_one(DataTable)
+            table.remove_row(chosen.id)
+            self.summaries = [s for s in self.summaries if s.id != chosen.id]
+            self.query_one("#title", Label).update(f"Sessions ({len(self.summaries)})")
+            self.notify(safe_text(f"Deleted session {chosen.id}."), markup=False)
+
+        prompt = first_line(chosen.first_prompt, 60) or "(no prompt)"
+        self.app.push_screen(ConfirmDialog(f"Delete session {chosen.id} ({prompt})? Its log is removed for good.",
+                                           yes="Delete", no="Keep"), answered)
 
     def action_back(self) -> None:
         self.dismiss(None)
