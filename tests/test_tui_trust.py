@@ -352,9 +352,12 @@ async def test_compact_summarises_the_conversation_before_the_next_request(tmp_p
         await submit(pilot, "second thing")
         await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 2, "the second turn")
         compactions = [e for e in app.session.events if isinstance(e, ContextCompaction)]
+        blocks = list(app.chat.query(".compaction"))
         await pilot.press("ctrl+q")
     (compaction,) = compactions
     assert compaction.summary == "Summary: the first thing was done."
+    (block,) = blocks
+    assert block.collapsed and "context compacted" in str(block.title)
 
 
 async def test_f1_and_question_mark_in_an_empty_prompt_open_help_listing_every_binding(tmp_path):

@@ -32,6 +32,7 @@ from cairn.persistence.events import (
     ApprovalAsked,
     AssistantChunk,
     AssistantMessage,
+    ContextCompaction,
     ReasoningChunk,
     RecoveryVerdict,
     ToolCall,
@@ -312,6 +313,8 @@ class Transcript(VerticalScroll):
             await self._finish_answer(None)
             if event.reason != "completed":
                 await self._put(turn_notice(event))
+        elif isinstance(event, ContextCompaction):
+            await self._put(compaction_block(event))
         if live and scroll:
             self._content_arrived()
 
@@ -363,3 +366,14 @@ def turn_notice(event: TurnEnd) -> Notice:
     notice = Notice(safe_text(f"turn {event.turn} {event.reason}{detail}"), markup=False)
     notice.add_class("-error" if event.reason == "error" else "-warning")
     return notice
+
+
+def compaction_block(event: ContextCompaction) -> Widget:
+    """Where the conversation was compacted: one folded line; expanded, the summary the model now reads instead of
+    the turns above, and the recovery facts carried verbatim."""
+    from textual.widgets import Collapsible
+
+    carried = f", {len(event.carried)} recovery fact(s) kept verbatim" if event.carried else ""
+    title = f"context compacted: the model now reads a summary of the turns above{carried}"
+    body = Static(safe_text(event.summary), markup=False, classes="compaction-summary")
+    return Collapsible(body, title=safe_text(title), collapsed=True, classes="compaction")
