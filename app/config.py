@@ -114,12 +114,14 @@ def resolve_config(
     runs_model: bool = True,
 ) -> Config:
     """The effective configuration. Precedence for every setting: an option (flag or API argument), then its
-    environment variable, then the chosen profile of the config file, then the default.
+    environment variable, then the chosen profile of the config file, then the default; where sessions live
+    (backend, database_url) follows the same order.
 
     The profile is `profile` (--profile), else CAIRN_PROFILE, else the file's `default_profile`. The file is
     `config_file` (--config), else CAIRN_CONFIG, else the user config dir's cairn/config.toml (absent is fine there,
     not when named). When `env` is given (tests, embedders) instead of the process environment, only a file it names
-    with CAIRN_CONFIG is read. Commands that never run a model (`runs_model=False`) read no file at all."""
+    with CAIRN_CONFIG is read. Commands that never run a model (`runs_model=False`) take only the storage settings
+    from the profile and never fail on the file: they read sessions whatever the provider configuration says."""
     real_env = env is None
     env = os.environ if env is None else env
     sources: dict[str, str] = {}
@@ -130,13 +132,21 @@ def resolve_config(
     else:
         home_path, sources["home"] = default_home(), "default"
     home_path = home_path.expanduser()
-    backend, sources["backend"] = _first((backend, "flag --backend"), (env.get("CAIRN_BACKEND"), "env CAIRN_BACKEND"),
-                                         ("jsonl", "default"))
+    # The file is read first: a profile can choose where sessions live (backend, database_url), which every command
+    # needs. A command that only reads sessions takes nothing else from it, and goes on without a file it cannot use.
+    try:
+        file, sources["config_file"] = _load_file(config_file, env, real_env)
+        chosen_profile, sources["profile"] = _choose_profile(file, profile, env)
+    except ConfigError as e:
+        if runs_model:
+            raise
+        file, chosen_profile = None, None
+        sources["config_file"], sources["profile"] = f"not read ({e})", "default"
+    picker = _Picker(env, sources, chosen_profile)
+    backend = picker.pick("backend", backend, "--backend", "CAIRN_BACKEND", "jsonl")
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r} (--backend / CAIRN_BACKEND); choose one of: {', '.join(BACKENDS)}")
-    database_url, sources["database_url"] = _first(
-        (database_url, "flag --database-url"), (env.get("CAIRN_DATABASE_URL"), "env CAIRN_DATABASE_URL"), (None, "default")
-    )
+    database_url = picker.pick("database_url", database_url, "--database-url", "CAIRN_DATABASE_URL")
     if backend == "postgres":
         check_database_url(database_url)
     ws = Path(workspace or ".").expanduser()
@@ -144,13 +154,11 @@ def resolve_config(
         raise ConfigError(f"workspace {ws} is not a directory")
     sources["workspace"] = "flag --workspace" if workspace else "default"
     config = Config(home=home_path, backend=backend, provider="demo", model=None, script=None, workspace=ws.resolve(),
-                    database_url=database_url, sources=sources, env=env)
+                    database_url=database_url, sources=sources, env=env,
+                    config_file=file.path if file else None, profile=chosen_profile.name if chosen_profile else None)
     if not runs_model:
         return config
 
-    file, sources["config_file"] = _load_file(config_file, env, real_env)
-    chosen_profile, sources["profile"] = _choose_profile(file, profile, env)
-    picker = _Picker(env, sources, chosen_profile)
     explicit_profile = chosen_profile is not None and sources.get("profile", "").startswith(("flag", "env"))
 
     chosen = picker.pick("provider", provider, "--provider", "CAIRN_PROVIDER")
@@ -168,8 +176,6 @@ def resolve_config(
     config = dataclasses.replace(
         config,
         mcp_servers=tuple(file.mcp_servers.values()) if file else (),
-        config_file=file.path if file else None,
-        profile=chosen_profile.name if chosen_profile else None,
         provider=chosen,
         provider_explicit=provider_from.startswith(("flag", "env")) or (explicit_profile and provider_from != "default"),
         model=chosen_model,
@@ -238,13 +244,6 @@ class _Picker:
             return dict(value) if isinstance(value, dict) else value
         self.sources[name] = "default"
         return dict(default) if isinstance(default, dict) else default
-
-
-def _first(*candidates: tuple[Any, str]) -> tuple[Any, str]:
-    for value, source in candidates:
-        if value:
-            return value, source
-    return None, "default"
 
 
 def _load_file(option: str | None, env: Mapping[str, str], real_env: bool):  # -> (ConfigFile | None, source)
@@ -340,8 +339,8 @@ def check_database_url(url: str | None) -> None:
     """The postgres backend needs a libpq URL (or key=value conninfo); the message never repeats it (it may hold a
     password)."""
     if not url or not url.strip():
-        raise ConfigError("the postgres backend needs a database: pass --database-url or set CAIRN_DATABASE_URL, "
-                          "e.g. postgresql://cairn@db.example:5432/cairn")
+        raise ConfigError("the postgres backend needs a database: pass --database-url, set CAIRN_DATABASE_URL or give "
+                          "the profile a database_url, e.g. postgresql://cairn@db.example:5432/cairn")
     if "://" in url and not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("--database-url / CAIRN_DATABASE_URL must be a postgresql:// URL, "
                           "e.g. postgresql://cairn@db.example:5432/cairn")

@@ -127,6 +127,29 @@ def _url(value: Any) -> str:
     return value
 
 
+def _database_url(value: Any) -> str:
+    """A libpq URL or key=value string, without a password: the file gets shared and committed (like a key)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    text = _text(value)
+    if "://" in text:
+        if not text.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL, e.g. \"postgresql://cairn@db.example:5432/cairn\"")
+        try:
+            parts = urlsplit(text)
+            has_password = parts.password is not None or "password" in parse_qs(parts.query)
+        except ValueError:
+            raise ValueError("is not a valid URL") from None
+    else:
+        has_password = re.search(r"(^|\s)password\s*=", text) is not None
+    if has_password:
+        raise ValueError(
+            "must not carry a password: the config file gets shared and committed; put the password in ~/.pgpass "
+            "(or PGPASSFILE / PGPASSWORD), or give the whole URL with CAIRN_DATABASE_URL"
+        )
+    return text
+
+
 def _headers(value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise ValueError("must be a table of header names to string values, e.g. { \"X-Title\" = \"cairn\" }")
@@ -173,6 +196,9 @@ PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {
     "extra_body": _table,
     "timeout": _number(0.0),
     "max_retries": _integer(0, 100),
+    # where sessions live (SPEC §5 rev 2): a team's profile points every member at one database
+    "backend": _choice("jsonl", "sqlite", "postgres"),
+    "database_url": _database_url,
 }
 TOP_KEYS = ("default_profile", "profiles", "mcp_servers")
 REFUSED_KEYS = {

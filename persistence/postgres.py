@@ -558,7 +558,7 @@ class PostgresBackend(Backend):
     @staticmethod
     def _bodies(conn: Any, session_id: str) -> bytes:
         """Every event body, newline-terminated, in seq order, fetched in the binary protocol (no hex round trip).
-        (Joining them on the server with string_agg was measured slower: P4 in docs/benchmarks.md.)"""
+        (Joining them on the server with string_agg, or a binary COPY, was measured slower: P4 in docs/benchmarks.md.)"""
         cur = conn.cursor(binary=True)
         cur.execute("SELECT body FROM events WHERE session_id = %s ORDER BY seq", (session_id,))
         raw = [body for (body,) in cur.fetchall()]

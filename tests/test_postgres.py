@@ -427,3 +427,93 @@ async def test_rm_deletes_a_finished_session_and_refuses_one_live_on_another_mac
         store_on(tmp_path / "b", url).delete("done")
     assert store_on(tmp_path / "b", url).backend.list_ids() == ["busy"]
     assert stored_types(url, "done") == [] and len(stored_types(url, "busy")) == 3
+
+
+# -- a profile's database (SPEC §7 rev 2 config file) ------------------------------------------------------------------
+
+
+def team_config(path: Path, url: str, extra: str = "") -> Path:
+    """A config file whose default profile keeps sessions in `url` and talks to a hosted model whose key is not set."""
+    path.write_text(
+        'default_profile = "team"\n\n[profiles.team]\nprovider = "openai"\napi_key_env = "TEAM_KEY_NOT_SET"\n'
+        f'backend = "postgres"\ndatabase_url = "{url}"\n{extra}'
+    )
+    return path
+
+
+def plain_cli(home: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """`cairn` with no backend or database in its environment: whatever chooses them comes from `env` or the file."""
+    full = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "CAIRN_HOME": str(home),
+            "CAIRN_DEMO_DELAY_MS": "0", **env}
+    return subprocess.run([CAIRN, *args], env=full, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+async def test_a_profiles_database_is_used_by_run_show_and_sessions_without_a_provider(tmp_path, pg, monkeypatch):
+    """The profile alone points every command at the team database; `show` and `sessions` use it even though the
+    profile's provider has no key (they never need one), and `run` writes there."""
+    schema, url = pg
+    monkeypatch.delenv("CAIRN_DATABASE_URL")
+    config = team_config(tmp_path / "config.toml", url)
+    ran = plain_cli(tmp_path, "run", "--session-id", "team-1", "--provider", "demo", "hi", cwd=tmp_path,
+                    CAIRN_CONFIG=str(config))
+    assert ran.returncode == 0, ran.stderr
+    assert stored_types(url, "team-1")[0] == "turn/start" and stored_types(url, "team-1")[-1] == "turn/end"
+    assert not (tmp_path / "sessions").exists() and not list(tmp_path.glob("**/*.jsonl"))
+
+    listed = plain_cli(tmp_path, "sessions", "--all", cwd=tmp_path, CAIRN_CONFIG=str(config))
+    assert listed.returncode == 0 and "team-1" in listed.stdout, listed.stderr
+    shown = plain_cli(tmp_path, "show", "team-1", cwd=tmp_path, CAIRN_CONFIG=str(config))
+    assert shown.returncode == 0 and "hi" in shown.stdout, shown.stderr
+    elsewhere = plain_cli(tmp_path, "sessions", "--all", "--backend", "jsonl", cwd=tmp_path, CAIRN_CONFIG=str(config))
+    assert elsewhere.returncode == 0 and "team-1" not in elsewhere.stdout  # a flag still beats the profile
+
+
+async def test_database_url_precedence_is_flag_then_env_then_profile(tmp_path):
+    from cairn.app.config import resolve_config
+
+    config = team_config(tmp_path / "config.toml", "postgresql://cairn@profile.example:5432/team")
+    for runs_model in (True, False):
+        env = {"CAIRN_CONFIG": str(config), "TEAM_KEY_NOT_SET": "sk-x"}
+        got = resolve_config(workspace=str(tmp_path), env=env, runs_model=runs_model)
+        assert (got.backend, got.sources["backend"]) == ("postgres", "profile team")
+        assert (got.database_url, got.sources["database_url"]) == ("postgresql://cairn@profile.example:5432/team",
+                                                                   "profile team")
+        env["CAIRN_DATABASE_URL"] = "postgresql://cairn@env.example/team"
+        got = resolve_config(workspace=str(tmp_path), env=env, runs_model=runs_model)
+        assert (got.database_url, got.sources["database_url"]) == (env["CAIRN_DATABASE_URL"], "env CAIRN_DATABASE_URL")
+        got = resolve_config(workspace=str(tmp_path), env=env, runs_model=runs_model,
+                             database_url="postgresql://cairn@flag.example/team", backend="sqlite")
+        assert (got.database_url, got.sources["database_url"]) == ("postgresql://cairn@flag.example/team",
+                                                                   "flag --database-url")
+        assert (got.backend, got.sources["backend"]) == ("sqlite", "flag --backend")
+
+
+async def test_cairn_config_shows_the_database_without_its_password(tmp_path):
+    config = team_config(tmp_path / "config.toml", "postgresql://cairn@db.example:6543/team?sslmode=require")
+    shown = plain_cli(tmp_path, "config", "--json", cwd=tmp_path, CAIRN_CONFIG=str(config))
+    assert shown.returncode == 0, shown.stderr
+    import json
+
+    rows = json.loads(shown.stdout)
+    assert rows["backend"] == {"value": "postgres", "source": "profile team"}
+    assert rows["database_url"] == {"value": "postgresql://db.example:6543/team", "source": "profile team"}
+    secret = "postgresql://cairn:s3cret-pw@db.example/team"
+    for args in (("config",), ("config", "--json"), ("config", "--database-url", secret)):
+        out = plain_cli(tmp_path, *args, cwd=tmp_path, CAIRN_CONFIG=str(config), CAIRN_DATABASE_URL=secret)
+        assert out.returncode == 0 and "s3cret-pw" not in out.stdout + out.stderr, out.stdout
+        assert "postgresql://db.example/team" in out.stdout
+
+
+async def test_a_password_in_the_profiles_database_url_is_refused_without_repeating_it(tmp_path):
+    """The config file gets shared and committed, like a key: the password goes to ~/.pgpass or the environment."""
+    for url in ("postgresql://cairn:s3cret-pw@db.example/team", "postgresql://cairn@db.example/team?password=s3cret-pw",
+                "host=db.example password=s3cret-pw dbname=team"):
+        config = team_config(tmp_path / "config.toml", url)
+        for command in (("run", "--provider", "demo", "hi"), ("config",)):
+            proc = plain_cli(tmp_path, *command, cwd=tmp_path, CAIRN_CONFIG=str(config))
+            assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+            assert "config.toml:7: profiles.team.database_url: must not carry a password" in proc.stderr, proc.stderr
+            assert "s3cret-pw" not in proc.stderr and "Traceback" not in proc.stderr
+    wrong = team_config(tmp_path / "config.toml", "mysql://db.example/team")
+    proc = plain_cli(tmp_path, "config", cwd=tmp_path, CAIRN_CONFIG=str(wrong))
+    assert proc.returncode == 2 and "must be a postgresql:// URL" in proc.stderr, proc.stderr
