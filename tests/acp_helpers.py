@@ -139,6 +139,7 @@ METHODS: dict[str, tuple[type[BaseModel], type[BaseModel] | None]] = {
     "session/list": (schema.ListSessionsRequest, schema.ListSessionsResponse),
     "session/prompt": (schema.PromptRequest, schema.PromptResponse),
     "session/set_mode": (schema.SetSessionModeRequest, schema.SetSessionModeResponse),
+    "session/set_config_option": (schema.SetSessionConfigOptionSelectRequest, schema.SetSessionConfigOptionResponse),
     "session/cancel": (schema.CancelNotification, None),
     "session/update": (schema.SessionNotification, None),
     "session/request_permission": (schema.RequestPermissionRequest, schema.RequestPermissionResponse),

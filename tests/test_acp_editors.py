@@ -225,6 +225,31 @@ async def test_compact_summarises_before_the_next_request_and_keeps_turns_going(
     assert said[-1] == "second answer"
 
 
+async def test_the_model_profile_is_a_session_config_option_and_switching_it_reaches_the_next_turn(rig):
+    with OpenAIServer([text("from the first server")]) as first, OpenAIServer([text("from the local profile")]) as local:
+        config = rig.io / "config.toml"
+        config.write_text(f'[profiles.local]\nprovider = "openai"\nbase_url = "{local.base_url}"\nmodel = "local-m"\n')
+        env = {"CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": first.base_url, "CAIRN_MODEL": "first-m",
+               "CAIRN_API_KEY": "sk-acp", "CAIRN_CONFIG": str(config)}
+        client = RecordingClient()
+        async with connect(rig, client, env) as agent:
+            new = await agent.conn.new_session(cwd=str(rig.ws))
+            sid = new.session_id
+            (option,) = new.config_options
+            await prompt(agent.conn, sid, "one")
+            with pytest.raises(RequestError):
+                await agent.conn.set_config_option(config_id="profile", session_id=sid, value="nope")
+            answer = await agent.conn.set_config_option(config_id="profile", session_id=sid, value="local")
+            await prompt(agent.conn, sid, "two")
+    assert option.id == "profile" and option.current_value == "(as started)"
+    assert [o.value for o in option.options] == ["(as started)", "local"]
+    assert answer.config_options[0].current_value == "local"
+    assert [r.body["model"] for r in first.requests] == ["first-m"]
+    assert [r.body["model"] for r in local.requests] == ["local-m"]
+    headers = [e for e in rig.show(sid) if e["type"] == "request/header"]
+    assert [(h["model"], h["profile"]) for h in headers] == [("first-m", None), ("local-m", "local")]
+
+
 # --------------------------------------------------------------------------------------------------- protocol edges
 
 

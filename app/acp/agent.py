@@ -65,6 +65,9 @@ from acp.helpers import update_available_commands, update_current_mode
 from acp.schema import (
     AgentCapabilities,
     AvailableCommand,
+    SessionConfigOptionSelect,
+    SessionConfigSelectOption,
+    SetSessionConfigOptionResponse,
     AvailableCommandInput,
     EmbeddedResourceContentBlock,
     Implementation,
@@ -157,7 +160,7 @@ class CairnAgent:
         log.info("session %s: new, workspace %s", host.id, config.workspace)
         host.pump.hold()  # released once the answer carrying the id is out (observe)
         self._greet(host, skipped)
-        return NewSessionResponse(session_id=host.id, modes=mode_state(host.mode))
+        return NewSessionResponse(session_id=host.id, modes=mode_state(host.mode), config_options=profile_options(host))
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
                            **kwargs: Any) -> LoadSessionResponse:
@@ -184,7 +187,7 @@ class CairnAgent:
             host.pump.put(SessionInfoUpdate(session_update="session_info_update", title=title))
         self._greet(host, skipped)
         await host.pump.drain()
-        return LoadSessionResponse(modes=mode_state(host.mode))
+        return LoadSessionResponse(modes=mode_state(host.mode), config_options=profile_options(host))
 
     async def set_session_mode(self, mode_id: str, session_id: str, **kwargs: Any) -> SetSessionModeResponse:
         host = self._host(session_id)
@@ -196,6 +199,40 @@ class CairnAgent:
         log.info("session %s: mode %s", host.id, mode_id)
         host.pump.put(update_current_mode(mode_id))
         return SetSessionModeResponse()
+
+    async def set_config_option(self, config_id: str, session_id: str, value: str | bool,
+                                **kwargs: Any) -> SetSessionConfigOptionResponse:
+        """`profile`: switch to a config-file profile (provider, endpoint, model) from the next turn; the next
+        request/header records it. Between turns only."""
+        host = self._host(session_id)
+        options = profile_options(host)
+        if config_id != "profile" or not options:
+            raise error(INVALID_PARAMS, f"unknown configuration option {config_id!r}"
+                        + ("" if options else " (no config-file profiles to choose from)"), configId=config_id)
+        names = [o.value for o in options[0].options if o.value != AS_STARTED]
+        if not isinstance(value, str) or value not in names:
+            raise error(INVALID_PARAMS, f"unknown profile {value!r}; the config file has {', '.join(names)}")
+        agent = host.agent
+        if agent is None or agent.loop.busy:
+            raise error(INVALID_PARAMS, "the profile is switched between turns: wait for this one to end")
+        from ..config import ConfigError, make_provider, provider_secrets
+        from ..slash_commands import profile_config
+
+        try:
+            config = profile_config(agent.config or host.config, value)
+            assert config is not None
+            provider = make_provider(config)
+        except ConfigError as e:
+            raise error(INVALID_PARAMS, f"profile {value} cannot be used: {e}") from None
+        old = agent.provider
+        agent.session.add_secrets(provider_secrets(provider))
+        agent.loop.provider = agent.provider = provider
+        agent.loop.profile = value
+        agent.config = config
+        if old is not None:
+            await old.aclose()
+        log.info("session %s: profile %s (%s %s)", host.id, value, provider.name, provider.model)
+        return SetSessionConfigOptionResponse(config_options=profile_options(host) or [])
 
     def observe(self, event: Any) -> None:
         """Connection observer: once the answer to `session/new` is out, that session's held updates may follow."""
@@ -422,3 +459,34 @@ def stop_reason(result: TurnResult | None, session_id: str) -> StopReason:
         return "max_tokens"
     raise error(INTERNAL, f"the turn ended in error: {result.error.message}", code=result.error.code,
                 turn=result.turn, sessionId=session_id)
+
+
+AS_STARTED = "(as started)"
+
+
+def profile_options(host: SessionHost) -> list[SessionConfigOptionSelect] | None:
+    """The config file's profiles as a `profile` select option (ACP session config options), or None without any."""
+    from ..config_file import ConfigFileError, read_config_file
+
+    agent = host.agent
+    config = (agent.config if agent is not None and agent.config is not None else None) or host.config
+    path = getattr(config, "config_file", None)
+    if path is None:
+        return None
+    try:
+        profiles = read_config_file(path).profiles
+    except (ConfigFileError, OSError):
+        return None
+    if not profiles:
+        return None
+    current = (agent.loop.profile if agent is not None else None) or getattr(config, "profile", None)
+    options = [
+        SessionConfigSelectOption(value=name, name=name, description=wire(" ".join(
+            str(p.settings.get(k)) for k in ("provider", "model") if p.settings.get(k)) or None))
+        for name, p in sorted(profiles.items())
+    ]
+    if current not in profiles:
+        current = AS_STARTED
+        options.insert(0, SessionConfigSelectOption(value=current, name="as started (flags and environment)"))
+    return [SessionConfigOptionSelect(id="profile", name="Model profile", category="model", type="select",
+                                      current_value=current, options=options)]
