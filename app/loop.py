@@ -179,6 +179,7 @@ class AgentLoop:
         # tokens the model accepts per request (None: its family's default); compaction keeps requests inside it
         self.context_window = context_window
         self.compact_next = False  # `/compact`: compact before the next request whatever its size
+        self.on_compacting: list[Any] = []  # callbacks(bool): a summary request started (True) or ended (False)
         self.profile = profile  # recorded in each request/header, so a resumed session can name it
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
@@ -373,12 +374,18 @@ class AgentLoop:
                                params=dict(self.params), turn=st.turn, step=st.step or 0)
         parts: list[str] = []
         usage = None
-        async with aclosing(self.provider.stream(request)) as stream:  # type: ignore[type-var]
-            async for item in stream:
-                if isinstance(item, TextDelta):
-                    parts.append(item.text)
-                elif isinstance(item, StreamEnd):
-                    usage = item.usage
+        for callback in self.on_compacting:
+            callback(True)
+        try:
+            async with aclosing(self.provider.stream(request)) as stream:  # type: ignore[type-var]
+                async for item in stream:
+                    if isinstance(item, TextDelta):
+                        parts.append(item.text)
+                    elif isinstance(item, StreamEnd):
+                        usage = item.usage
+        finally:
+            for callback in self.on_compacting:
+                callback(False)
         summary = "".join(parts).strip()
         if not summary:
             raise CompactionFailed("the model returned an empty summary; the conversation was not compacted")

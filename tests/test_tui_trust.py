@@ -349,6 +349,8 @@ async def test_compact_summarises_the_conversation_before_the_next_request(tmp_p
         await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 1, "the first turn")
         await submit(pilot, "/compact")
         await wait_for(pilot, lambda: any("will be compacted" in n for n in notices(app)), "the /compact answer")
+        seen: list[str] = []
+        app.chat.agent.loop.on_compacting.append(lambda active: seen.append(status_text(app)) if active else None)
         await submit(pilot, "second thing")
         await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 2, "the second turn")
         compactions = [e for e in app.session.events if isinstance(e, ContextCompaction)]
@@ -358,6 +360,7 @@ async def test_compact_summarises_the_conversation_before_the_next_request(tmp_p
     assert compaction.summary == "Summary: the first thing was done."
     (block,) = blocks
     assert block.collapsed and "context compacted" in str(block.title)
+    assert len(seen) == 1 and "compacting…" in seen[0], seen  # the status bar says so while the summary is written
 
 
 async def test_f1_and_question_mark_in_an_empty_prompt_open_help_listing_every_binding(tmp_path):

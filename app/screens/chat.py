@@ -88,6 +88,7 @@ class ChatScreen(Screen[None]):
         self._stop = asyncio.Event()
         self._agent_ready = asyncio.Event()
         self._worker: Any = None
+        self._compacting = False  # a summary request runs (context compaction): the status bar says so
         self._incoming: list[AnyEvent] = []
         self._drain_posted = False
         self._failure_shown = False
@@ -150,6 +151,7 @@ class ChatScreen(Screen[None]):
                 stack, self.session, self.provider, self.config, approver=self.ask_approval, report=self.report
             )
             self.agent.loop.on_turn_result.append(self._turn_finished)
+            self.agent.loop.on_compacting.append(self._set_compacting)
             self._agent_ready.set()
             await self._stop.wait()
         # leaving the stack: the loop cancelled its turn and wrote the real closing events; the policy is removed
@@ -240,6 +242,10 @@ class ChatScreen(Screen[None]):
                         severity="warning", timeout=8, markup=False)
         self._refresh_activity()
 
+    def _set_compacting(self, active: bool) -> None:
+        self._compacting = active
+        self._refresh_activity()
+
     def _refresh_activity(self) -> None:
         if not self.is_attached:  # a turn's result can arrive while the exiting app takes the screen apart
             return
@@ -247,7 +253,8 @@ class ChatScreen(Screen[None]):
         queued = self.pending
         running = self.turn_running
         status = self.query_one(StatusBar)
-        status.activity = ("● running" if running else "idle") + (f" · {len(queued)} queued" if queued else "")
+        doing = "● compacting…" if self._compacting else "● running"
+        status.activity = (doing if running else "idle") + (f" · {len(queued)} queued" if queued else "")
         status.grants = ", ".join(loop.grants.labels()) if loop is not None else ""
         queue = self.query_one("#queue", Static)
         hint = "  (↑ in an empty prompt takes the last one back to edit or drop)" if queued else ""
