@@ -111,3 +111,28 @@ model = "local-model"
     assert [r.body["model"] for r in local.requests] == ["local-model"]
     assert [(h.model, h.profile) for h in headers] == [("strict-model", None), ("local-model", "local")]
     assert "openai/local-model" in status
+
+
+async def test_the_anthropic_provider_in_the_tui_with_thinking_a_tool_call_and_a_strict_server(tmp_path):
+    from anthropic_server import AnthropicServer, message, tool_use
+
+    calls = [{"id": "toolu_ls", "name": "list_dir", "input": {"path": "."}}]
+    with AnthropicServer([tool_use(calls, thinking="Look first."), message("Nothing here.", thinking="Empty.")]) as srv:
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        home = tmp_path / "home"
+        config = resolve_config(home=str(home), provider="anthropic", model="claude-test", base_url=srv.base_url,
+                                workspace=str(workspace), env={"ANTHROPIC_API_KEY": "sk-ant-tui"})
+        store = SessionStore(home, "jsonl")
+        app = CairnApp(config, store.create(cwd=str(workspace), deferred=True), store)
+        try:
+            async with app.run_test(size=(120, 40)) as pilot:
+                ends = await send(app, pilot, "what is here?", 1)
+                blocks = list(app.chat.query(ReasoningBlock))
+                await pilot.press("ctrl+q")
+        finally:
+            app.close_if_still_open()
+    assert ends[0].reason == "completed"
+    assert not srv.refusals, [(r.refused, r.violations) for r in srv.refusals]
+    assert len(blocks) == 2 and len(srv.requests) == 2
+    assert srv.requests[1].header("x-api-key") == "sk-ant-tui"
