@@ -69,8 +69,9 @@ async def test_reasoning_with_a_tool_call_is_shown_and_sent_back_and_usage_reach
     with OpenAIServer(answers) as server:
         async with strict_app(tmp_path, server) as (app, pilot):
             ends = await send(app, pilot, "what is here?", 1)
-            await pilot.pause()
-            blocks = list(app.chat.query(ReasoningBlock))
+            blocks = await wait_for(pilot, lambda: len(app.chat.query(ReasoningBlock)) == 2
+                                    and list(app.chat.query(ReasoningBlock)), "both reasoning blocks")
+            await wait_for(pilot, lambda: "60" in str(app.chat.query_one(StatusBar).render()), "the usage")
             status = str(app.chat.query_one(StatusBar).render())
             await pilot.press("ctrl+q")
     assert ends[0].reason == "completed"
@@ -128,7 +129,8 @@ async def test_the_anthropic_provider_in_the_tui_with_thinking_a_tool_call_and_a
         try:
             async with app.run_test(size=(120, 40)) as pilot:
                 ends = await send(app, pilot, "what is here?", 1)
-                blocks = list(app.chat.query(ReasoningBlock))
+                blocks = await wait_for(pilot, lambda: len(app.chat.query(ReasoningBlock)) == 2
+                                        and list(app.chat.query(ReasoningBlock)), "both reasoning blocks")
                 await pilot.press("ctrl+q")
         finally:
             app.close_if_still_open()
