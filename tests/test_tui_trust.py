@@ -24,6 +24,7 @@ from textual.widgets import Input, OptionList, Static
 from cairn.app.approval import Grants, command_prefix_covers
 from cairn.app.history import PromptHistory, history_path, redact
 from cairn.app.previews import preview_parts
+from cairn.app.screens import approval as approval_module
 from cairn.app.screens.approval import ApprovalModal
 from cairn.app.screens.confirm import ConfirmDialog
 from cairn.app.screens.help import HelpScreen
@@ -156,6 +157,80 @@ async def test_a_letter_that_is_not_a_choice_starts_a_burst_that_goes_to_the_pro
         await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
         assert decisions(app) == ["allowed_once"]
         assert (world.workspace / "ran.txt").read_text() == "ran"
+        await pilot.press("ctrl+q")
+
+
+def send_mouse(app: CairnApp, kind: type, x: int, y: int) -> None:
+    """A mouse button event as a terminal delivers it: through the driver, so the app itself makes the Click."""
+    event = kind(None, x, y, 0, 0, 1, False, False, False, screen_x=x, screen_y=y)
+    event.set_sender(app)
+    app._driver.send_message(event)
+
+
+def choice_at(modal: ApprovalModal, option_id: str) -> tuple[int, int]:
+    choices = modal.query_one("#choices", OptionList)
+    index = next(i for i in range(choices.option_count) if choices.get_option_at_index(i).id == option_id)
+    region = choices.content_region
+    return region.x + 3, region.y + index - int(choices.scroll_y)
+
+
+async def click(app: CairnApp, at: tuple[int, int], held: float = 0.05) -> None:
+    send_mouse(app, events.MouseDown, *at)
+    await asyncio.sleep(held)
+    send_mouse(app, events.MouseUp, *at)
+    await asyncio.sleep(0.1)
+
+
+def guard_text(modal: ApprovalModal) -> str:
+    return str(modal.query_one("#guard").render())
+
+
+async def test_a_click_on_a_choice_right_after_the_modal_opens_decides_nothing(tmp_path, monkeypatch):
+    assert approval_module.OPEN_GRACE == 0.4
+    monkeypatch.setattr(approval_module, "OPEN_GRACE", 1.5)  # room for a loaded machine to click inside it
+    world = make_world(tmp_path, command_script("printf ran > ran.txt"))
+    app = world.new_app()
+    async with running(app) as pilot:
+        await submit(pilot, "run it")
+        modal = await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal) and app.screen, "the modal")
+        allow = choice_at(modal, "allowed_once")
+        await click(app, allow)
+        assert time.monotonic() - modal.opened_at < 1.5, "the click came after the grace period"
+        assert app.screen is modal and decisions(app) == []
+        assert modal.query_one("#choices", OptionList).highlighted is None  # not even highlighted
+        # pressed inside the grace period, released after it: still not a decision
+        send_mouse(app, events.MouseDown, *allow)
+        await wait_for(pilot, lambda: modal.armed, "the grace period to end")
+        send_mouse(app, events.MouseUp, *allow)
+        await wait_for(pilot, lambda: guard_text(modal).startswith("That click came too soon"), "the refusal shown")
+        assert app.screen is modal and decisions(app) == [] and not (world.workspace / "ran.txt").exists()
+        await click(app, allow)  # a deliberate click once armed decides
+        await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
+        assert decisions(app) == ["allowed_once"] and (world.workspace / "ran.txt").read_text() == "ran"
+        await pilot.press("ctrl+q")
+
+
+async def test_a_click_during_a_typing_burst_decides_nothing_and_the_typing_still_lands(tmp_path):
+    world = make_world(tmp_path, command_script("printf ran > ran.txt"))
+    app = world.new_app()
+    async with running(app) as pilot:
+        await submit(pilot, "run it")
+        modal = await approval_ready(pilot, app)
+        deny = choice_at(modal, "denied")
+        typed = "x so said"  # "x" starts the burst (not a choice); the letters after it are typing too
+        for i, char in enumerate(typed):
+            send_key(app, char)
+            await asyncio.sleep(0.06)
+            if i == 3:
+                send_mouse(app, events.MouseDown, *deny)
+                send_mouse(app, events.MouseUp, *deny)
+        await wait_for(pilot, lambda: prompt_of(app).text == typed, "the typing in the prompt")
+        assert app.screen is modal and decisions(app) == []
+        await wait_for(pilot, lambda: modal.armed, "the burst to end")
+        await click(app, deny)
+        await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
+        assert decisions(app) == ["denied"] and not (world.workspace / "ran.txt").exists()
+        assert prompt_of(app).text == typed
         await pilot.press("ctrl+q")
 
 
@@ -354,7 +429,7 @@ async def test_compact_summarises_the_conversation_before_the_next_request(tmp_p
         await submit(pilot, "second thing")
         await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 2, "the second turn")
         compactions = [e for e in app.session.events if isinstance(e, ContextCompaction)]
-        blocks = list(app.chat.query(".compaction"))
+        blocks = await wait_for(pilot, lambda: list(app.chat.query(".compaction")), "the compaction to be shown")
         await pilot.press("ctrl+q")
     (compaction,) = compactions
     assert compaction.summary == "Summary: the first thing was done."
@@ -420,8 +495,66 @@ async def test_the_palette_offers_slash_commands_and_the_chosen_theme_is_kept(tm
 SLOW = {"text": "streaming a long answer " * 10, "chunks": 60, "delay_ms": 50}
 
 
-async def test_up_in_an_empty_prompt_takes_the_last_queued_prompt_back_to_edit(tmp_path):
-    world = make_world(tmp_path, [SLOW, {"text": "second"}])
+def queue_line(app: CairnApp) -> str:
+    return str(app.chat.query_one("#queue", Static).render())
+
+
+async def test_up_walks_back_through_the_queue_and_enter_puts_the_edit_back_in_its_place(tmp_path):
+    world = make_world(tmp_path, [SLOW, {"text": "second"}, {"text": "third"}, {"text": "fourth"}])
+    app = world.new_app()
+    async with running(app) as pilot:
+        await submit(pilot, "one")
+        await wait_for(pilot, lambda: app.chat.turn_running, "the first turn")
+        for text in ("two", "three with a typo", "four"):
+            await submit(pilot, text)
+        assert app.chat.pending == ["two", "three with a typo", "four"]
+        prompt_of(app).insert("my draft")
+        await pilot.press("up")
+        assert prompt_of(app).text == "four"  # newest queued first
+        await pilot.press("up")
+        assert prompt_of(app).text == "three with a typo" and prompt_of(app).queue_at == 1
+        assert "✎ editing: three with a typo" in queue_line(app) and "prompt 2 of 3:" in queue_line(app)
+        prompt_of(app).text = "three"
+        await pilot.press("enter")
+        assert app.chat.pending == ["two", "three", "four"]  # back in its place, not at the end
+        assert prompt_of(app).text == "my draft" and prompt_of(app).queue_at is None
+        await wait_for(pilot, lambda: "✎" not in queue_line(app), "the queue line to leave editing")
+        assert app.chat.turn_running and [e.text for e in app.session.events if isinstance(e, UserMessage)] == ["one"]
+        await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 4, "every turn", timeout=20)
+        assert [e.text for e in app.session.events if isinstance(e, UserMessage)] == ["one", "two", "three", "four"]
+        await pilot.press("ctrl+q")
+
+
+async def test_ctrl_r_removes_any_queued_prompt_and_esc_leaves_one_as_it_was(tmp_path):
+    world = make_world(tmp_path, [SLOW, {"text": "second"}, {"text": "third"}])
+    app = world.new_app()
+    async with running(app) as pilot:
+        await submit(pilot, "one")
+        await wait_for(pilot, lambda: app.chat.turn_running, "the first turn")
+        for text in ("two", "three", "four"):
+            await submit(pilot, text)
+        await pilot.press("up", "up", "up")  # the oldest queued one, not only the last
+        assert prompt_of(app).text == "two"
+        await pilot.press("ctrl+r")
+        assert app.chat.pending == ["three", "four"] and prompt_of(app).text == ""
+        await pilot.press("up")
+        prompt_of(app).text = "four, changed but not kept"
+        await pilot.press("escape")  # leaves it as it was; it does not cancel the running turn
+        assert app.chat.pending == ["three", "four"] and prompt_of(app).text == ""
+        assert app.chat.turn_running and not ended_turns(app.session.events)
+        await pilot.press("up")
+        prompt_of(app).text = ""
+        await pilot.press("enter")  # an emptied queued prompt is removed too
+        assert app.chat.pending == ["three"]
+        await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 2, "both turns", timeout=20)
+        assert [e.text for e in app.session.events if isinstance(e, UserMessage)] == ["one", "three"]
+        assert [e.reason for e in ended_turns(app.session.events)] == ["completed", "completed"]
+        await pilot.press("ctrl+q")
+
+
+async def test_the_queue_waits_while_a_queued_prompt_is_open_so_the_old_text_is_never_sent(tmp_path):
+    quick = {"text": "a short answer, slowly", "chunks": 15, "delay_ms": 60}
+    world = make_world(tmp_path, [quick, {"text": "second"}])
     app = world.new_app()
     async with running(app) as pilot:
         await submit(pilot, "one")
@@ -429,11 +562,16 @@ async def test_up_in_an_empty_prompt_takes_the_last_queued_prompt_back_to_edit(t
         await submit(pilot, "two with a typo")
         assert app.chat.pending == ["two with a typo"]
         await pilot.press("up")
-        assert prompt_of(app).text == "two with a typo" and app.chat.pending == []
+        assert prompt_of(app).queue_at == 0
+        await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 1, "the first turn to end")
+        await asyncio.sleep(0.3)
+        assert app.chat.pending == ["two with a typo"] and len(ended_turns(app.session.events)) == 1  # held
+        assert [e.text for e in app.session.events if isinstance(e, UserMessage)] == ["one"]
         prompt_of(app).text = "two"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 2, "both turns", timeout=15)
+        await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 2, "the edited prompt's turn")
         assert [e.text for e in app.session.events if isinstance(e, UserMessage)] == ["one", "two"]
+        assert app.chat.pending == []
         await pilot.press("ctrl+q")
 
 

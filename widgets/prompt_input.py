@@ -1,13 +1,14 @@
-"""The prompt box: multi-line, Enter sends, Ctrl+J (or Alt+Enter) inserts a newline, ↑/↓ walk the history.
+"""The prompt box: multi-line, Enter sends, Ctrl+J (or Alt+Enter) inserts a newline, ↑/↓ walk the queue and history.
 
-↑ on the first line recalls older prompts (a queued prompt first: the screen takes it out of the queue to be edited),
-↓ on the last line newer ones and finally the draft that was there before. `take_typed` replays keys that the approval
-modal refused to take as a decision, so type-ahead lands here, in order, as if the modal had not been there.
+↑ on the first line walks back through the prompts still queued (newest first), then through the history; ↓ on the last
+line walks forward and finally back to the draft that was there before. A queued prompt is edited where it stands:
+Enter puts the text back in its place in the queue, Ctrl+R (or Enter on an emptied box) removes it, Esc leaves it as it
+was; while one is open the screen holds the queue, so the version being edited is never sent behind your back.
+`take_typed` replays keys that the approval modal refused to take as a decision, so type-ahead lands here, in order,
+as if the modal had not been there.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 from textual import events
 from textual.message import Message
@@ -22,8 +23,9 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
-    class RecallQueued(Message):
-        """↑ in an empty prompt while prompts wait in the queue: the screen hands the last one back for editing."""
+    class QueueChanged(Message):
+        """A queued prompt was opened for editing, put back, edited or removed: the screen redraws the queue line and
+        sends the head once nothing is open and the loop is free."""
 
     class HelpRequested(Message):
         """`?` typed into an empty prompt."""
@@ -38,8 +40,10 @@ class PromptInput(TextArea):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)  # type: ignore[arg-type]
         self.prompt_history: list[str] = []
-        self.has_queued: Callable[[], bool] = lambda: False
+        # the screen's queue of prompts waiting for the loop (the same list, edited in place)
+        self.queue: list[str] = []
         self._browsing: int | None = None  # index into history while ↑/↓ browse it
+        self.queue_at: int | None = None  # index into the queue of the prompt open for editing
         self._draft = ""
         self.completion = ""  # what Tab completes a `/word` to (set by the screen's completion popup)
 
@@ -49,30 +53,70 @@ class PromptInput(TextArea):
 
     def _submit(self) -> None:
         text = self.text.strip()
+        if self.queue_at is not None:
+            self._put_back(text or None)
+            return
         if text:
             self._browsing = None
             self.post_message(self.Submitted(text))
             self.clear()
 
+    def _put_back(self, text: str | None) -> None:
+        """End the edit of the open queued prompt: `text` replaces it in its place, None removes it; the draft
+        that was in the box before ↑ comes back."""
+        at = self.queue_at
+        if at is not None and at < len(self.queue):
+            if text is None:
+                del self.queue[at]
+            else:
+                self.queue[at] = text
+        self._leave_queue()
+
+    def _leave_queue(self) -> None:
+        self.queue_at = self._browsing = None
+        self.set_text(self._draft)
+        self.post_message(self.QueueChanged())
+
     def _recall(self, step: int) -> bool:
-        """Move through the history; False when there is nowhere to go (the key then does what it normally does)."""
-        if not self.prompt_history:
-            return False
-        if self._browsing is None:
-            if step > 0:
+        """Move through the queue (newest first), then the history; False when there is nowhere to go (the key then
+        does what it normally does). Edits of a queued or earlier prompt are kept only by Enter."""
+        queue, history = self.queue, self.prompt_history
+        was_queued = self.queue_at is not None
+        if self.queue_at is None and self._browsing is None:
+            if step > 0 or not (queue or history):
                 return False
             self._draft = self.text
-            self._browsing = len(self.prompt_history) - 1
+            if queue:
+                self.queue_at = len(queue) - 1
+            else:
+                self._browsing = len(history) - 1
+        elif self.queue_at is not None:
+            at = self.queue_at + step
+            if at >= len(queue):
+                self.queue_at = None
+            elif at >= 0:
+                self.queue_at = at
+            elif history:
+                self.queue_at, self._browsing = None, len(history) - 1
+            else:
+                return True  # stay on the oldest queued one
         else:
             at = self._browsing + step
             if at < 0:
                 return True  # stay on the oldest
-            if at >= len(self.prompt_history):
+            if at >= len(history):
                 self._browsing = None
-                self.set_text(self._draft)
-                return True
-            self._browsing = at
-        self.set_text(self.prompt_history[self._browsing])
+                self.queue_at = 0 if queue else None  # back to the oldest queued one, the next above the history
+            else:
+                self._browsing = at
+        if self.queue_at is not None:
+            self.set_text(queue[self.queue_at])
+        elif self._browsing is not None:
+            self.set_text(history[self._browsing])
+        else:
+            self.set_text(self._draft)
+        if was_queued or self.queue_at is not None:
+            self.post_message(self.QueueChanged())
         return True
 
     async def _on_key(self, event: events.Key) -> None:
@@ -102,18 +146,21 @@ class PromptInput(TextArea):
             event.prevent_default()
             self.post_message(self.ScrollRequested(key))
             return
+        if self.queue_at is not None and key in ("escape", "ctrl+r"):
+            event.stop()
+            event.prevent_default()
+            if key == "escape":
+                self._leave_queue()  # left as it was
+            else:
+                self._put_back(None)
+            return
         row = self.cursor_location[0]
-        if key == "up" and row == 0:
-            if not self.text and self._browsing is None and self.has_queued():
-                event.stop()
-                event.prevent_default()
-                self.post_message(self.RecallQueued())
-                return
-            if self._recall(-1):
-                event.stop()
-                event.prevent_default()
-                return
-        if key == "down" and row == self.document.line_count - 1 and self._browsing is not None:
+        if key == "up" and row == 0 and self._recall(-1):
+            event.stop()
+            event.prevent_default()
+            return
+        if key == "down" and row == self.document.line_count - 1 and (
+                self._browsing is not None or self.queue_at is not None):
             event.stop()
             event.prevent_default()
             self._recall(1)

@@ -5,7 +5,8 @@ Type-ahead never decides it. Someone typing their next prompt when the modal pop
 whatever letter came next (it happened: an `s` granted every later command). So keys within OPEN_GRACE of the modal
 opening, and every key of a typing burst that began then (keys under TYPING_GAP apart, however long it goes on), and any
 key that is not one of the modal's own, go back to the prompt in order (the app routes them, see `CairnApp.on_event`);
-only a deliberate key after the typing stopped decides. The preview (`app/previews.py`) scrolls on its own while the
+only a deliberate key after the typing stopped decides. A mouse click on a choice is held to the same rule: one pressed
+within OPEN_GRACE of the opening or during a typing burst is dropped (the modal says so) and decides nothing. The preview (`app/previews.py`) scrolls on its own while the
 choices stay on screen whatever its length.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -33,6 +34,23 @@ TYPING_GAP = 0.3  # keys closer together than this are one typing burst
 # the keys the modal answers once armed; anything else is typing and goes to the prompt
 MODAL_KEYS = frozenset({"a", "s", "p", "d", "n", "escape", "enter", "up", "down", "pageup", "pagedown", "home", "end",
                         "tab", "shift+tab", "ctrl+home", "ctrl+end"})
+
+
+class Choices(OptionList):
+    """The modal's choices; a click counts only when the modal would take a key at the moment the button went down
+    and at the moment it came up (a press begun in the grace period or mid-typing is no decision)."""
+
+    _pressed_at: float | None = None
+
+    def _on_mouse_down(self, event: events.MouseDown) -> None:
+        self._pressed_at = event.time
+
+    async def _on_click(self, event: events.Click) -> None:
+        pressed_at, self._pressed_at = self._pressed_at, None
+        modal = self.screen
+        if isinstance(modal, ApprovalModal) and not modal.takes_click(pressed_at, event.time):
+            event.stop()
+            event.prevent_default()  # OptionList's own click (highlight and select) never runs
 
 
 class ApprovalModal(ModalScreen[ApprovalAnswer]):
@@ -69,6 +87,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
         self.prefix = first_word(request.arguments.get("command")) if request.name == "run_command" else ""
         self.opened_at = time.monotonic()
         self._last_diverted: float | None = None
+        self._click_refused_at: float | None = None
 
     def compose(self) -> ComposeResult:
         r = self.request
@@ -78,7 +97,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
             yield Label(f"Allow [b]{name}[/b]? ({r.safety.replace('_', '-')})", id="title")
             with VerticalScroll(id="preview"):
                 yield Static(render_parts(preview_parts(r.name, r.arguments, self.workspace)), id="arguments")
-            yield OptionList(*self._options(), id="choices")
+            yield Choices(*self._options(), id="choices")
             yield Input(placeholder="why not? the model is told this with the denial (enter sends, esc back)",
                         id="note")
             yield Static("", id="guard", markup=False)
@@ -126,15 +145,31 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
             return True
         return False
 
+    def armed_at(self, at: float) -> bool:
+        """Whether a deliberate choice could be made at `at`: past the grace period and not inside a typing burst."""
+        return at - self.opened_at >= OPEN_GRACE and (
+            self._last_diverted is None or at - self._last_diverted >= TYPING_GAP)
+
     @property
     def armed(self) -> bool:
-        now = time.monotonic()
-        return now - self.opened_at >= OPEN_GRACE and (
-            self._last_diverted is None or now - self._last_diverted >= TYPING_GAP)
+        return self.armed_at(time.monotonic())
+
+    def takes_click(self, pressed_at: float | None, released_at: float) -> bool:
+        """A click decides only if both its press and its release came while the modal was armed."""
+        if self.armed_at(released_at) and (pressed_at is None or self.armed_at(pressed_at)):
+            return True
+        self._click_refused_at = released_at
+        self._show_guard()
+        return False
 
     def _show_guard(self) -> None:
-        text = ("Choose with a key or ↑↓ and Enter · PgUp/PgDn scroll the preview" if self.armed
-                else "Your typing goes to the prompt; choose once you stop typing")
+        refused = self._click_refused_at is not None and time.monotonic() - self._click_refused_at < 2.0
+        if refused and self.armed:
+            text = "That click came too soon to count: click again (or press a key) to choose"
+        elif self.armed:
+            text = "Choose with a key or ↑↓ and Enter · PgUp/PgDn scroll the preview"
+        else:
+            text = "Your typing goes to the prompt; choose once you stop typing"
         guard = self.query_one("#guard", Static)
         if str(guard.render()) != text:
             guard.update(text)

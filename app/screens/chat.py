@@ -12,6 +12,7 @@ import time
 from contextlib import AsyncExitStack
 from typing import Any
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -119,7 +120,7 @@ class ChatScreen(Screen[None]):
         status.show_durability("durable", self.session.coordinator.durable_seq)
         prompt = self.query_one(PromptInput)
         prompt.prompt_history = self.history.entries
-        prompt.has_queued = lambda: bool(self.pending)
+        prompt.queue = self.pending  # the prompt edits queued prompts in place (↑ walks back through them)
         transcript = self.query_one(Transcript)
         await transcript.load_history(self.session.events)  # the tail only: older turns mount as the view nears them
         self._count_tokens(self.session.events)
@@ -234,13 +235,23 @@ class ChatScreen(Screen[None]):
     def _turn_finished(self, result: TurnResult) -> None:
         """After each turn (in the loop's task): hand the next waiting prompt to the loop, keeping their order."""
         self._in_loop = max(0, self._in_loop - 1)
-        if self.pending and self.agent is not None:
-            self._in_loop += 1
-            self.agent.loop.submit(self.pending.pop(0))
+        self._send_next()
         if getattr(result, "reason", "") == "error" and self.is_attached:
             self.notify("The turn ended in an error: ↑ in the prompt brings your prompt back to send it again.",
                         severity="warning", timeout=8, markup=False)
         self._refresh_activity()
+
+    def _send_next(self) -> None:
+        """Hand the head of the queue to a free loop, unless a queued prompt is open for editing: the queue is held
+        until Enter, Ctrl+R or Esc ends the edit, so the loop never sends the version being changed."""
+        if not self.pending or self._in_loop or self.agent is None or self._editing_queued() is not None:
+            return
+        self._in_loop += 1
+        self.agent.loop.submit(self.pending.pop(0))
+
+    def _editing_queued(self) -> int | None:
+        prompt = next(iter(self.query(PromptInput)), None) if self.is_attached else None
+        return prompt.queue_at if prompt is not None else None
 
     def _set_compacting(self, active: bool) -> None:
         self._compacting = active
@@ -257,8 +268,18 @@ class ChatScreen(Screen[None]):
         status.activity = (doing if running else "idle") + (f" · {len(queued)} queued" if queued else "")
         status.grants = ", ".join(loop.grants.labels()) if loop is not None else ""
         queue = self.query_one("#queue", Static)
-        hint = "  (↑ in an empty prompt takes the last one back to edit or drop)" if queued else ""
-        queue.update(safe_text("\n".join(f"queued: {q}" for q in queued) + hint))
+        editing = self._editing_queued()
+        if editing is None:
+            hint = "  (↑ in an empty prompt takes the last one back to edit or drop)" if queued else ""
+            queue.update(safe_text("\n".join(f"queued: {q}" for q in queued) + hint))
+        else:  # the one in the box stands out, and the keys that end the edit are spelled out
+            lines = Text()
+            for i, q in enumerate(queued):
+                lines.append(("✎ editing: " if i == editing else "queued: ") + safe_text(q) + "\n",
+                             style="bold" if i == editing else "")
+            lines.append(f"prompt {editing + 1} of {len(queued)}: Enter puts it back · Ctrl+R removes it · Esc leaves "
+                         "it as it was · ↑↓ other prompts · the queue waits meanwhile", style="italic")
+            queue.update(lines)
         queue.set_class(bool(queued), "-visible")
         self.refresh_bindings()
 
@@ -270,8 +291,8 @@ class ChatScreen(Screen[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Footer hints that are true: "Cancel turn" only while there is a turn to cancel."""
-        if action == "cancel_turn":
-            return self.turn_running or bool(self.agent and self.agent.loop.busy)
+        if action == "cancel_turn":  # (Esc leaves a queued prompt open for editing first)
+            return self._editing_queued() is None and (self.turn_running or bool(self.agent and self.agent.loop.busy))
         return True
 
     # -- input ------------------------------------------------------------------------------------------------------
@@ -298,12 +319,11 @@ class ChatScreen(Screen[None]):
             self.agent.loop.submit(text)
         self._refresh_activity()
 
-    @on(PromptInput.RecallQueued)
-    def recall_queued(self) -> None:
-        """The last queued prompt back in the box: send it again (queued at the end) or clear it to drop it."""
-        if self.pending:
-            self.query_one(PromptInput).set_text(self.pending.pop())
-            self._refresh_activity()
+    @on(PromptInput.QueueChanged)
+    def queue_changed(self) -> None:
+        """A queued prompt was opened, put back, edited or removed: show it, and send the head if the loop is free."""
+        self._send_next()
+        self._refresh_activity()
 
     @on(PromptInput.HelpRequested)
     def action_help(self) -> None:

@@ -16,7 +16,9 @@ from ..slash_commands import COMMANDS
 KEYS = (
     ("chat", "Enter", "send the prompt (while a turn runs it is queued and shown)"),
     ("chat", "Ctrl+J / Alt+Enter", "new line in the prompt"),
-    ("chat", "↑ / ↓", "earlier / later prompts (↑ in an empty prompt first takes back the last queued one)"),
+    ("chat", "↑ / ↓", "earlier / later prompts: first the queued ones (newest first), then the history"),
+    ("queued", "Enter / Ctrl+R / Esc", "after ↑ brought a queued prompt back: put it back in its place / remove it / "
+                                       "leave it as it was (the queue waits meanwhile)"),
     ("chat", "/", "slash commands, with completion (Tab completes)"),
     ("chat", "Esc", "cancel the running turn (it still ends with real step/end + turn/end)"),
     ("chat", "PageUp / PageDown", "scroll the transcript (Home / End from an empty prompt: top / bottom)"),
@@ -30,7 +32,8 @@ KEYS = (
     ("approval", "d / Esc", "deny"),
     ("approval", "n", "deny, and type a note the model receives"),
     ("approval", "↑↓ Enter, PgUp/PgDn", "choose; scroll the preview. Keys typed while you were typing go to "
-                                       "the prompt, never to the approval"),
+                                       "the prompt, never to the approval; a click counts only once you stopped "
+                                       "typing and the dialog has been open 0.4 s"),
     ("resume", "↑ / ↓", "choose a recovered call: its detail pane shows everything about it"),
     ("resume", "v / c", "record a verdict on an OUTCOME_UNKNOWN call / continue to the chat"),
     ("verdict", "↑↓ Enter / Esc", "record the highlighted answer (nothing is preselected) / cancel"),
