@@ -1,6 +1,7 @@
 """A TUI that keeps up with any answer and any session (issue 12): answers cut into sealed pieces at Markdown boundaries,
 history mounted from the tail, follow mode with a "↓ new output" line, tool-card titles that keep status and safety
-visible at 80 columns.
+visible at 80 columns, and screens that keep what matters on screen at 80×24, 120×32 and 200×50 (the resume screen's
+statuses and button down to 60×15, the sessions list's ids at 80 columns), as snapshots.
 
 Timing is never asserted here (P6/P8/P9 in bench/ measure it); these tests check what is cut where, what is mounted,
 and where the view is.
@@ -15,6 +16,7 @@ from cairn.widgets.answer_text import LIVE_LIMIT, AnswerPiece, Sealer, pieces_of
 from cairn.widgets.tool_card import ToolCard
 from cairn.widgets.transcript import AssistantText, Transcript, UserPrompt
 from cairn.widgets.prompt_input import PromptInput
+from test_tui_snapshots import utc  # noqa: F401  (the fixture that pins the sessions screen's time zone)
 from tui_helpers import completed_turn, crashed_turn, ended_turns, make_world, wait_for, write_log
 
 pytestmark = pytest.mark.anyio
@@ -190,3 +192,135 @@ async def test_at_80_columns_card_titles_show_status_and_safety_and_the_two_reco
         assert titles["edit_file"].startswith("⊘ NOT_STARTED")
         assert deploy.styles.border_top != changelog.styles.border_top
         await pilot.press("ctrl+q")
+
+
+# -- layouts at 80×24, 120×32 and 200×50 (baselines in snapshots/test_tui_fit/) -------------------------------------
+#
+# Plain `def`s: `snap_compare` runs the app on its own loop. Each picture is checked for what must be on it at that
+# size as well (the words, not the pixels), so a baseline accepted by mistake cannot hide a clipped status.
+
+SIZES = [(80, 24), (120, 32), (200, 50)]
+size_ids = [f"{w}x{h}" for w, h in SIZES]
+
+
+def fit_snapshot(snap_compare, app, size, run_before) -> bool:
+    async def prepare(pilot) -> None:
+        app.theme = "textual-dark"
+        if app.chat is not None:
+            app.chat.query_one(PromptInput).cursor_blink = False
+        await run_before(pilot)
+
+    try:
+        return snap_compare(app, run_before=prepare, terminal_size=size)
+    finally:
+        app.close_if_still_open()
+
+
+def screen_text(app) -> str:
+    """Every line on screen as plain text, as the terminal would show it."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+def in_workspace(world, path: str = "/tmp/cairn-fit-workspace"):
+    """Previews and cards show where a command runs: a fixed directory, so no picture carries pytest's tmp path."""
+    import shutil
+    from pathlib import Path
+
+    shutil.rmtree(path, ignore_errors=True)
+    Path(path).mkdir(parents=True)
+    world.config.workspace = Path(path)
+    world.workspace = Path(path)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=size_ids)
+def test_fit_chat_with_a_running_card(snap_compare, tmp_path, size):
+    world = make_world(tmp_path, [{"text": "Deploying now.", "tool_calls": [
+        {"name": "run_command", "arguments": {"command": "sleep 20 && make deploy ENV=production TARGET=www-eu-1"}}]}])
+    in_workspace(world)
+    app = world.new_app()
+
+    async def running(pilot) -> None:
+        from tui_helpers import approval_ready
+
+        app.chat.query_one(PromptInput).insert("deploy the site")
+        await pilot.press("enter")
+        await approval_ready(pilot, app)
+        await pilot.press("a")
+        card = await wait_for(pilot, lambda: app.chat.query(ToolCard) and app.chat.query_one(ToolCard), "the card")
+        await wait_for(pilot, lambda: card.status == "running" and app.screen is app.chat, "the running card")
+        await pilot.pause()
+        title = str(card._title.render())
+        assert title.startswith("⟳ running  [side_effecting]  run_command(")
+        shown = screen_text(app)
+        assert "⟳ running" in shown and "[side_effecting]" in shown
+
+    assert fit_snapshot(snap_compare, app, size, running)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=size_ids)
+def test_fit_chat_with_recovered_cards(snap_compare, tmp_path, size):
+    world = make_world(tmp_path, [])
+    in_workspace(world)
+    write_log(world.store, "crashed-id", crashed_turn())
+    app = world.resume_app("crashed-id")
+
+    async def recovered(pilot) -> None:
+        from cairn.app.screens.resume import ResumeScreen
+
+        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+        await pilot.press("c")
+        await wait_for(pilot, lambda: app.screen is app.chat and len(app.chat.query(ToolCard)) == 2, "the chat")
+        cards = list(app.chat.query(ToolCard))
+        await wait_for(pilot, lambda: [c.status for c in cards] == ["outcome unknown", "not started"], "statuses")
+        await pilot.pause()
+        shown = screen_text(app)
+        assert "OUTCOME_UNKNOWN" in shown and "NOT_STARTED" in shown
+
+    assert fit_snapshot(snap_compare, app, size, recovered)
+
+
+@pytest.mark.parametrize("size", SIZES + [(60, 15)], ids=size_ids + ["60x15"])
+def test_fit_resume_screen(snap_compare, tmp_path, size):
+    world = make_world(tmp_path, [])
+    in_workspace(world)
+    events = crashed_turn()
+    events[2].text = "deploy the site to every region, then note the version in the changelog and tell me when done"
+    events[4].text = "Deploying first, then I will edit the changelog.\n\n" + "Checking the targets first. " * 30
+    write_log(world.store, "20251202-113000-d4e5f6", events)
+    app = world.resume_app("20251202-113000-d4e5f6")
+
+    async def shown(pilot) -> None:
+        from textual.widgets import Button
+
+        from cairn.app.screens.resume import ResumeScreen
+
+        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "OUTCOME_UNKNOWN" in text and "NOT_STARTED" in text  # the point of the screen, at every size
+        assert "The model will be told" in text
+        button = app.screen.query_one("#continue", Button)
+        assert button.region.height >= 1 and app.screen.region.contains_region(button.region)
+        assert "Continue to the chat" in text
+
+    assert fit_snapshot(snap_compare, app, size, shown)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=size_ids)
+def test_fit_sessions_list(snap_compare, tmp_path, utc, size):
+    from cairn.app.screens.sessions import SessionsScreen
+
+    world = make_world(tmp_path, [])
+    write_log(world.store, "20251202-101500-a1b2c3", completed_turn(1, "list the files in the workspace and explain them",
+                                                                    "Here they are."), created=1_764_670_500_000)
+    write_log(world.store, "20251202-113000-d4e5f6", crashed_turn(), created=1_764_675_000_000)
+    app = world.sessions_app()
+
+    async def shown(pilot) -> None:
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), "the sessions screen")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "20251202-101500-a1b2c3" in text and "20251202-113000-d4e5f6" in text  # whole ids, at 80 too
+        assert "interrupted" in text and "completed" in text
+
+    assert fit_snapshot(snap_compare, app, size, shown)

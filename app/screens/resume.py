@@ -137,15 +137,18 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
 
 
 class ResumeScreen(ModalScreen[list[RecoveredCall]]):
+    # The table of recovered calls is sized first (its rows, up to 12, plus its scrollbar); the title, the context
+    # (prompt and last text) and the detail pane take what is left and scroll, and the button is one line, so at 80×24
+    # the NOT_STARTED / OUTCOME_UNKNOWN column and at 60×15 the button and a line of the detail stay on screen.
     DEFAULT_CSS = """
     ResumeScreen { align: center middle; }
     ResumeScreen > Vertical { width: 98%; height: 96%; border: thick $warning; background: $surface; padding: 0 1; }
-    ResumeScreen #title { text-style: bold; color: $warning; }
-    ResumeScreen #context { height: auto; max-height: 7; margin: 0 0 1 0; color: $text-muted; }
+    ResumeScreen #title { width: 100%; height: auto; max-height: 2; text-style: bold; color: $warning; }
+    ResumeScreen #context { height: 1fr; min-height: 1; max-height: 7; color: $text-muted; }
     ResumeScreen #context Markdown { margin: 0; padding: 0; background: transparent; }
     ResumeScreen #context MarkdownParagraph { margin: 0; }
-    ResumeScreen DataTable { height: auto; max-height: 7; }
-    ResumeScreen #detail { height: 1fr; min-height: 5; margin-top: 1; border: round $panel-lighten-2; }
+    ResumeScreen DataTable { height: auto; max-height: 13; min-height: 2; }
+    ResumeScreen #detail { height: 2fr; min-height: 3; border: round $panel-lighten-2; }
     ResumeScreen #continue { margin-top: 0; }
     """
 
@@ -182,18 +185,31 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
             with VerticalScroll(id="detail"):
                 yield Static("", id="told")
-            yield Button(r"Continue to the chat \[c]", id="continue", variant="primary")
+            yield Button(r"Continue to the chat \[c]", id="continue", variant="primary", compact=True)
         yield Footer()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        keys = table.add_columns("tool", "arguments", "safety", "status", "verdict", "call id")
+        width = self._arguments_width()
+        keys = table.add_columns("tool", "arguments" if width >= 9 else "args", "safety", "status", "verdict", "call id")
         self._verdict_column = keys[4]
-        width = max(28, self.app.size.width - 85)  # the arguments get what the other columns leave
         for call in self.calls:
             table.add_row(*self._cells(call, width), key=call.call_id)
         table.focus()
         self._show_told(0)
+
+    def _arguments_width(self) -> int:
+        """The arguments column gets what the others leave: all of them when that leaves it 24 characters, else only
+        tool, safety and status (verdict and call id scroll into view), so the status column stays on screen at 80."""
+        inner = int(self.app.size.width * 0.98) - 5  # the frame's border and padding, and a column of slack
+        widest = [max([len(h), *(len(c) for c in cells)]) + 2 for h, cells in (
+            ("tool", [c.tool for c in self.calls]), ("safety", [c.safety for c in self.calls]),
+            ("status", [c.status for c in self.calls]), ("verdict", ["— (press v)"]),
+            ("call id", [c.call_id for c in self.calls]))]
+        for reserved in (sum(widest), sum(widest[:3])):
+            if inner - reserved - 2 >= 24:
+                return inner - reserved - 2
+        return max(4, inner - sum(widest[:3]) - 2)
 
     @staticmethod
     def _cells(call: RecoveredCall, width: int = 28) -> tuple[Text, ...]:

@@ -59,15 +59,26 @@ class SessionsScreen(Screen[SessionChoice | None]):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("first prompt", "status", "events", "updated", "id", "cwd")  # cwd last: the longest
+        width = self._prompt_width()
         for s in self.summaries:
             status = s.status  # the words `cairn sessions` prints (SPEC rev 2)
             if s.id == self.current:
                 status = "open here"
-            prompt = first_line(s.first_prompt, 36) or "—"
+            prompt = first_line(s.first_prompt, width) or "—"
             cells = (prompt, status, str(s.events), format_time(s.updated), s.id, s.cwd)
             # Text: a prompt's `[/x]` is not markup; safe_text: nor is its ESC a terminal escape
             table.add_row(*(Text(safe_text(cell)) for cell in cells), key=s.id)
         table.focus()
+
+    def _prompt_width(self) -> int:
+        """The first prompt gets what status, events, updated and id leave (at most 36), so the id column stays on
+        screen at 80 columns; cwd, the longest, is last and scrolls into view."""
+        others = [max([len(h), *(len(c) for c in cells)]) + 2 for h, cells in (
+            ("status", ["open here", *(s.status for s in self.summaries)]),
+            ("events", [str(s.events) for s in self.summaries]),
+            ("updated", [format_time(s.updated) for s in self.summaries]),
+            ("id", [s.id for s in self.summaries]))]
+        return max(12, min(36, self.app.size.width - 4 - 1 - sum(others) - 2))
 
     def _selected(self) -> SessionSummary | None:
         table = self.query_one(DataTable)
