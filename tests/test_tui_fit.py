@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from cairn.persistence.events import AssistantChunk
-from cairn.widgets.answer_text import LIVE_LIMIT, AnswerPiece, Sealer, pieces_of
+from cairn.widgets.answer_text import LIVE_LIMIT, Sealer, pieces_of
 from cairn.widgets.tool_card import ToolCard
 from cairn.widgets.transcript import AssistantText, Transcript, UserPrompt
 from cairn.widgets.prompt_input import PromptInput
@@ -117,7 +117,7 @@ async def test_a_long_session_opens_at_its_tail_and_home_mounts_the_rest(tmp_pat
         await pilot.press("ctrl+q")
 
 
-async def test_one_huge_answer_opens_with_only_its_last_pieces_mounted(tmp_path):
+async def test_one_huge_answer_opens_with_only_its_last_pieces_shown(tmp_path):
     world = make_world(tmp_path, [])
     text = "".join(f"- item {i} with a few words\n" for i in range(2000))
     write_log(world.store, "list", completed_turn(1, "list them", text))
@@ -126,12 +126,12 @@ async def test_one_huge_answer_opens_with_only_its_last_pieces_mounted(tmp_path)
         answer = await wait_for(pilot, lambda: app.chat and list(app.chat.query(AssistantText)), "the answer")
         answer = answer[0]
         assert answer.source == text
-        mounted = list(answer.query(AnswerPiece))
-        assert 0 < len(mounted) < len(answer.pieces) // 4
-        assert mounted[-1].piece.text.endswith("- item 1999 with a few words\n")
+        shown = answer.shown_pieces
+        assert 0 < len(shown) < len(answer.pieces) // 4
+        assert shown[-1].text.endswith("- item 1999 with a few words\n")
         transcript = app.chat.query_one(Transcript)
-        transcript.scroll_to(y=0, animate=False)  # the view nears the top: older pieces mount above
-        await wait_for(pilot, lambda: len(list(answer.query(AnswerPiece))) > len(mounted), "older pieces")
+        transcript.scroll_to(y=0, animate=False)  # the view nears the top: older pieces are shown above
+        await wait_for(pilot, lambda: len(answer.shown_pieces) > len(shown), "older pieces")
         await pilot.press("ctrl+q")
 
 

@@ -1,14 +1,14 @@
-"""An assistant answer drawn as a column of sealed Markdown pieces plus one small live piece.
+"""An assistant answer drawn from sealed Markdown pieces plus one small live piece, in one line-API widget.
 
 Why: a widget that re-parses and re-lays-out the whole answer on every frame makes each chunk dearer as the answer grows
 (a 2000-item list took minutes). Here the text is cut into pieces at boundaries where Markdown allows it — blank lines,
 between top-level list items, between table rows, between lines of a code block, between lines of a long paragraph —
-and every finished piece is rendered once and never touched again. Only the live piece (at most about `LIVE_LIMIT`
+and every finished piece is rendered to lines once (per width) and never touched again. Only the live piece (at most about `LIVE_LIMIT`
 characters past its last boundary) is re-rendered per frame. Sealed and live pieces use the same renderer
 (`AnswerMarkdown`), so there is no seam: a code block cut in two is drawn without vertical padding in both halves, and a
 table cut between rows keeps one set of column widths and one header.
 
-The same pieces serve history: an answer read from the log is cut the same way, so a long one can be mounted from its
+The same pieces serve history: an answer read from the log is cut the same way, so a long one can be shown from its
 tail (`hidden`) and grow upwards as the user scrolls.
 """
 
@@ -21,11 +21,10 @@ from typing import ClassVar, Iterable
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markdown import CodeBlock, Markdown as RichMarkdown, TableElement
-from rich.segment import Segment
 from rich.syntax import Syntax
 from rich.table import Table
-from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.geometry import Size
+from textual.strip import Strip
 from textual.widget import Widget
 
 LIVE_LIMIT = 1000  # characters in the live piece before its finished part is sealed
@@ -50,6 +49,10 @@ class Piece:
     gap: bool = False  # a blank line separated it from the piece before
     first_table: TableLook | None = None  # look of the piece's first table (the continuation of a cut table)
     last_table: TableLook | None = None  # look of the piece's last table (a table cut after it)
+
+    def estimated_lines(self) -> int:
+        """A guess of its height before it is rendered (deciding how much history to show)."""
+        return self.text.count("\n") + 1 + self.gap
 
 
 class _Code(CodeBlock):
@@ -242,134 +245,137 @@ class Sealer:
         return piece
 
 
-class _Rendered:
-    """A piece rendered once per width: Textual asks a renderable for its height and then for its lines, and a Markdown
-    render (code highlighting above all) is the dear part of a frame."""
+class AssistantText(Widget):
+    """One assistant answer. `write()` while it streams, `finish()` when its message arrives; `source` is its text.
 
-    def __init__(self, piece: Piece) -> None:
-        self.piece = piece
-        self._width = -1
-        self._lines: list[list[Segment]] = []
+    One widget draws the whole answer line by line (Textual's line API): each sealed piece is rendered to lines once
+    per width and kept; only the live piece is rendered again when it changes; Textual asks only for the lines on
+    screen. However long the answer, a frame costs the live piece plus one screenful, and the transcript lays out one
+    widget per answer, not one per piece.
+    """
 
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if options.max_width != self._width:
-            lines = console.render_lines(AnswerMarkdown(self.piece), options, pad=False)
-            while lines and not "".join(segment.text for segment in lines[-1]).strip():
-                lines.pop()  # Rich ends some pieces with a blank line; spacing between pieces is the `-gap` margin
-            self._lines = lines
-            self._width = options.max_width
-        newline = Segment.line()
-        for line in self._lines:
-            yield from line
-            yield newline
-
-
-class AnswerPiece(Widget):
-    """One piece of an answer, drawn by `AnswerMarkdown`; sealed pieces are drawn once, the live one per frame."""
-
-    DEFAULT_CSS = "AnswerPiece { height: auto; } AnswerPiece.-gap { margin-top: 1; }"
-
-    def __init__(self, piece: Piece) -> None:
-        super().__init__()
-        self.piece = piece
-        self._rendered: _Rendered | None = None
-        self.set_class(piece.gap, "-gap")
-
-    def render(self) -> _Rendered:
-        if self._rendered is None or self._rendered.piece is not self.piece:
-            self._rendered = _Rendered(self.piece)
-        return self._rendered
-
-    def show(self, piece: Piece) -> None:
-        self.piece = piece
-        self.set_class(piece.gap, "-gap")
-        self.refresh(layout=True)
-
-    def estimated_lines(self) -> int:
-        return self.piece.text.count("\n") + 1 + self.piece.gap
-
-
-class AssistantText(Vertical):
-    """One assistant answer. `write()` while it streams, `finish()` when its message arrives; `source` is its text."""
-
-    DEFAULT_CSS = "AssistantText { height: auto; padding: 0 1; } AssistantText > AnswerPiece.-first { margin-top: 0; }"
+    DEFAULT_CSS = "AssistantText { height: auto; width: 1fr; padding: 0 1; }"
 
     def __init__(self, text: str = "") -> None:
         super().__init__()
         self._sealer = Sealer()
-        self.pieces: list[AnswerPiece] = []
-        self.hidden = 0  # leading pieces not mounted yet (an answer from history, mounted from its tail)
-        self._live = AnswerPiece(Piece(""))
+        self.pieces: list[Piece] = []  # sealed pieces, in order
+        self.hidden = 0  # leading pieces not shown yet (an answer from history, shown from its tail)
+        self._live: Piece | None = Piece("")  # None once finished
         self.finished = False
+        self._width = 0  # the content width the lines below were rendered at (0: not yet)
+        self._piece_lines: list[list[Strip]] = []  # per shown piece (pieces[hidden:]): its lines, a gap line first
+        self._lines: list[Strip] = []  # all shown sealed lines, in order
+        self._live_lines: list[Strip] = []
+        self._live_stale = True
         if text:
-            self.pieces = [AnswerPiece(p) for p in self._sealer.feed(text) + self._sealer.finish()]
+            self.pieces = self._sealer.feed(text) + self._sealer.finish()
+            self._live = None
             self.finished = True
 
     @property
     def source(self) -> str:
         return self._sealer.text
 
-    def compose(self) -> ComposeResult:
-        yield from self.pieces[self.hidden:]
-        if not self.finished:
-            yield self._live
+    @property
+    def shown_pieces(self) -> list[Piece]:
+        return self.pieces[self.hidden:]
 
-    def on_mount(self) -> None:
-        self._mark_first()
+    # -- rendering ---------------------------------------------------------------------------------------------------
 
-    def _mark_first(self) -> None:
-        for index, piece in enumerate(self.pieces[self.hidden:] + ([] if self.finished else [self._live])):
-            piece.set_class(index == 0, "-first")
+    def _render_piece(self, piece: Piece, width: int, first: bool) -> list[Strip]:
+        console = self.app.console
+        options = self.app.console_options.update(highlight=False, width=width, height=None)
+        lines = console.render_lines(AnswerMarkdown(piece), options, style=self.visual_style.rich_style, pad=False)
+        while lines and not "".join(segment.text for segment in lines[-1]).strip():
+            lines.pop()  # Rich ends some pieces with a blank line; spacing between pieces is the piece's gap
+        strips = [Strip(line) for line in lines]
+        return [Strip.blank(0)] + strips if piece.gap and not first else strips
+
+    def _render_all(self, width: int) -> None:
+        self._width = width
+        self._piece_lines = [self._render_piece(p, width, i == 0) for i, p in enumerate(self.shown_pieces)]
+        self._lines = [line for lines in self._piece_lines for line in lines]
+        self._live_stale = True
+
+    def _ensure_rendered(self, width: int) -> None:
+        if width != self._width:
+            self._render_all(width)
+        if self._live_stale:
+            live = self._live
+            self._live_lines = (self._render_piece(live, width, not self._lines)
+                                if live is not None and live.text.strip() else [])
+            self._live_stale = False
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width <= 0:
+            return 0
+        self._ensure_rendered(width)
+        return len(self._lines) + len(self._live_lines)
+
+    def render_line(self, y: int) -> Strip:
+        if self._width:
+            self._ensure_rendered(self._width)
+        if y < len(self._lines):
+            return self._lines[y]
+        y -= len(self._lines)
+        return self._live_lines[y] if y < len(self._live_lines) else Strip.blank(0)
+
+    # -- streaming ---------------------------------------------------------------------------------------------------
 
     async def write(self, text: str) -> None:
-        await self._add(self._sealer.feed(text))
-        self._live.show(self._sealer.live)
+        self._add(self._sealer.feed(text))
+        self._live = self._sealer.live
+        self._changed()
 
     async def finish(self, suffix: str = "") -> None:
         """The answer is complete: the live rest is sealed like the rest (optionally after a suffix)."""
         pieces = self._sealer.feed(suffix) if suffix else []
-        await self._add(pieces + self._sealer.finish())
+        self._add(pieces + self._sealer.finish())
+        self._live = None
         self.finished = True
-        if self._live.is_attached:
-            await self._live.remove()
-        self._mark_first()
+        self._changed()
 
-    async def _add(self, pieces: list[Piece]) -> None:
-        widgets = [AnswerPiece(p) for p in pieces]
-        self.pieces.extend(widgets)
-        if widgets and self.is_attached:
-            if self._live.is_attached:
-                await self.mount_all(widgets, before=self._live)
-            else:
-                await self.mount_all(widgets)
-            self._mark_first()
+    def _add(self, pieces: list[Piece]) -> None:
+        self.pieces.extend(pieces)
+        if self._width:  # rendered already: render only the new pieces
+            for piece in pieces:
+                lines = self._render_piece(piece, self._width, not self._lines)
+                self._piece_lines.append(lines)
+                self._lines.extend(lines)
+
+    def _changed(self) -> None:
+        self._live_stale = True
+        self.refresh(layout=True)
+
+    # -- history from the tail ---------------------------------------------------------------------------------------
 
     def hide_older(self, keep_lines: int) -> int:
-        """Before mounting from history: keep only the last pieces that hold about `keep_lines` lines. Returns the
+        """Before it is shown from history: keep only the last pieces that hold about `keep_lines` lines. Returns the
         lines kept."""
         lines, index = 0, len(self.pieces)
         while index > 0 and lines < keep_lines:
             index -= 1
             lines += self.pieces[index].estimated_lines()
         self.hidden = index
+        self._width = 0
         return lines
 
     async def reveal_older(self, lines: int) -> bool:
-        """Mount about `lines` more lines of hidden pieces above the mounted ones; False when none were hidden."""
+        """Show about `lines` more lines of hidden pieces above the shown ones; False when none were hidden."""
         if not self.hidden:
             return False
         index, shown = self.hidden, 0
         while index > 0 and shown < lines:
             index -= 1
             shown += self.pieces[index].estimated_lines()
-        widgets, self.hidden = self.pieces[index:self.hidden], index
-        first = next(iter(self.children), None)
-        await self.mount_all(widgets, before=first) if first is not None else await self.mount_all(widgets)
-        self._mark_first()
+        self.hidden = index
+        self._width = 0  # rendered again at the next layout (the pieces above and the gap of the old first one)
+        self._changed()
         return True
 
     def estimated_lines(self) -> int:
-        return sum(p.estimated_lines() for p in self.pieces[self.hidden:]) + 1
+        return sum(p.estimated_lines() for p in self.shown_pieces) + 1
 
 
 def pieces_of(text: str) -> Iterable[Piece]:

@@ -55,6 +55,7 @@ DEMO_HINT = " The offline demo model understands: list files Â· read README.md Â
 # so drawing never slows the model's stream down (P6 in docs/benchmarks.md).
 UI_FRAME = 1 / 25
 MAX_FRAME = 0.5
+UI_SHARE = 4  # frames are spaced at least this many times their cost: drawing takes at most ~1/4 of the event loop
 
 
 class ChatScreen(Screen[None]):
@@ -95,6 +96,7 @@ class ChatScreen(Screen[None]):
         self._failure_shown = False
         self._frame = UI_FRAME
         self._due = 0.0
+        self._drawn = 0.0  # seconds spent laying out and drawing this screen since the last drain
         self._turn_tokens = TokenTotals()
         self._session_tokens = TokenTotals()
         # prompts typed while a turn runs wait here (not in the loop) so they can be taken back and edited
@@ -190,7 +192,8 @@ class ChatScreen(Screen[None]):
             if transcript.is_attached:
                 raise
             return
-        self._pace_frames(lateness=started - self._due, cost=time.perf_counter() - started)
+        self._pace_frames(lateness=started - self._due, cost=time.perf_counter() - started + self._drawn)
+        self._drawn = 0.0
         self._count_tokens(events)
         if any(isinstance(e, (TurnStart, TurnEnd, ApprovalDecided)) for e in events):
             self._refresh_activity()  # ApprovalDecided: a session grant shows in the status bar
@@ -221,9 +224,19 @@ class ChatScreen(Screen[None]):
             self._failure_shown = False
 
     def _pace_frames(self, lateness: float, cost: float) -> None:
-        """A long transcript makes each frame dearer (Textual's layout grows with it), and that shows as this drain
-        running late: space frames out by as much, so drawing never crowds out the model's stream and the tools."""
-        self._frame = min(MAX_FRAME, max(UI_FRAME, 2 * (max(0.0, lateness) + cost)))
+        """Space the next frame by what this one cost (applying events, then Textual's layout and drawing) and by how
+        late this drain ran (the loop was busy), so drawing never crowds out the model's stream and the tools: on a
+        dear frame (a live table or code block, a slow machine) the screen updates less often, the stream does not
+        slow down."""
+        self._frame = min(MAX_FRAME, max(UI_FRAME, max(0.0, lateness) + UI_SHARE * cost))
+
+    def _on_timer_update(self) -> None:
+        """Textual's screen update (layout, then drawing): timed, so frame pacing counts it (pinned Textual's hook)."""
+        started = time.perf_counter()
+        try:
+            super()._on_timer_update()
+        finally:
+            self._drawn += time.perf_counter() - started
 
     def report(self, text: str) -> None:
         """The policy's channel for failures it contains (a turn-end barrier that did not make it)."""
