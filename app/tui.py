@@ -20,6 +20,7 @@ from textual import events
 from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from . import quiet_gc
 from .config import Config, make_provider
 from .screens.approval import ApprovalModal
 from .screens.chat import ChatScreen
@@ -92,7 +93,11 @@ class CairnApp(App[SessionChoice | None]):
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
+    def on_unmount(self) -> None:
+        quiet_gc.release_full_collections()
+
     def on_mount(self) -> None:
+        self.call_after_refresh(quiet_gc.hold_full_collections)  # full collections at quiet moments only
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         self._handle_signals()
         if self.session is None:

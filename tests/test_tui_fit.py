@@ -104,7 +104,9 @@ async def test_a_long_session_opens_at_its_tail_and_home_mounts_the_rest(tmp_pat
         await wait_for(pilot, lambda: list(transcript.query(UserPrompt)), "the history")
         prompts = [str(p.render()) for p in transcript.query(UserPrompt)]
         assert prompts[-1] == "> prompt 80"
-        assert len(prompts) < 40 and transcript.older  # only the tail is mounted
+        assert len(prompts) < 40  # only the tail is mounted
+        assert len(transcript.older_turns) >= 80 - len(prompts) - len(transcript.older) // 2  # older turns: events
+        assert all(len(turn) == len(events) // 80 for turn in transcript.older_turns)
         await pilot.pause()
         assert transcript.scroll_y == transcript.max_scroll_y  # at the end
 
@@ -132,6 +134,46 @@ async def test_one_huge_answer_opens_with_only_its_last_pieces_shown(tmp_path):
         transcript = app.chat.query_one(Transcript)
         transcript.scroll_to(y=0, animate=False)  # the view nears the top: older pieces are shown above
         await wait_for(pilot, lambda: len(answer.shown_pieces) > len(shown), "older pieces")
+        await pilot.press("ctrl+q")
+
+
+async def test_scrolling_up_builds_older_turns_in_order_above_what_is_shown(tmp_path):
+    world = make_world(tmp_path, [])
+    events = []
+    for turn in range(1, 41):
+        events += completed_turn(turn, f"prompt {turn}", f"Answer {turn}.\n\n" + "line\n" * 5)
+    write_log(world.store, "long", events)
+    app = world.resume_app("long")
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = await wait_for(pilot, lambda: app.chat and app.chat.query_one(Transcript), "the transcript")
+        await wait_for(pilot, lambda: list(transcript.query(UserPrompt)), "the history")
+        waiting = len(transcript.older_turns)
+        assert waiting > 0
+        transcript.scroll_to(y=0, animate=False)  # near the top: the next older turns are built and mounted
+        await wait_for(pilot, lambda: len(transcript.older_turns) < waiting, "older turns built")
+        prompts = [str(p.render()) for p in transcript.query(UserPrompt)]
+        first = int(prompts[0].split()[-1])
+        assert prompts == [f"> prompt {t}" for t in range(first, 41)]  # contiguous, in order, nothing twice
+        assert transcript.scroll_y > 0  # the view kept its place instead of jumping to the new top
+        await pilot.press("ctrl+q")
+
+
+async def test_a_theme_change_redraws_a_finished_answer_in_the_new_colours(tmp_path):
+    world = make_world(tmp_path, [])
+    write_log(world.store, "one", completed_turn(1, "hello", "Plain words of an answer."))
+    app = world.resume_app("one")
+    async with app.run_test(size=(80, 24)) as pilot:
+        answer = await wait_for(pilot, lambda: app.chat and list(app.chat.query(AssistantText)), "the answer")
+        answer = answer[0]
+        await pilot.pause()
+
+        def text_colour():
+            strip = answer.render_line(0)
+            return next(seg.style.color for seg in strip if seg.text.strip())
+
+        before = text_colour()
+        app.theme = "textual-light" if app.theme != "textual-light" else "textual-dark"
+        await wait_for(pilot, lambda: text_colour() != before, "the answer drawn in the new theme's colours")
         await pilot.press("ctrl+q")
 
 
@@ -324,3 +366,26 @@ def test_fit_sessions_list(snap_compare, tmp_path, utc, size):
         assert "interrupted" in text and "completed" in text
 
     assert fit_snapshot(snap_compare, app, size, shown)
+
+
+# -- garbage collection at quiet moments ----------------------------------------------------------------------------
+
+
+async def test_full_collections_are_held_while_the_app_runs_and_python_defaults_come_back_after(tmp_path):
+    import gc
+
+    from cairn.app import quiet_gc
+
+    before = gc.get_threshold()
+    world = make_world(tmp_path, [{"text": "short answer"}])
+    app = world.new_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: gc.get_threshold()[2] == quiet_gc.HELD_BACK, "full collections held back")
+        assert gc.get_freeze_count() > 0  # what start-up made is out of the collector's sight
+        assert gc.get_threshold()[:2] == before[:2]  # young generations still collected as usual
+        collections = gc.get_stats()[2]["collections"]
+        app.chat.query_one(PromptInput).insert("hello")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: gc.get_stats()[2]["collections"] > collections, "a full collection at turn end")
+        await pilot.press("ctrl+q")
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -268,6 +268,7 @@ class AssistantText(Widget):
         self._lines: list[Strip] = []  # all shown sealed lines, in order
         self._live_lines: list[Strip] = []
         self._live_stale = True
+        self._style: object = None  # the widget style the lines were rendered with
         if text:
             self.pieces = self._sealer.feed(text) + self._sealer.finish()
             self._live = None
@@ -292,8 +293,17 @@ class AssistantText(Widget):
         strips = [Strip(line) for line in lines]
         return [Strip.blank(0)] + strips if piece.gap and not first else strips
 
+    def notify_style_update(self) -> None:
+        """A theme change (or a style that reaches the text) renders the shown pieces again; a change that leaves the
+        text's style as it was (hover, focus elsewhere) renders nothing."""
+        super().notify_style_update()
+        if self._width and self.is_attached and self.visual_style.rich_style != self._style:
+            self._width = 0
+            self.refresh(layout=True)
+
     def _render_all(self, width: int) -> None:
         self._width = width
+        self._style = self.visual_style.rich_style
         self._piece_lines = [self._render_piece(p, width, i == 0) for i, p in enumerate(self.shown_pieces)]
         self._lines = [line for lines in self._piece_lines for line in lines]
         self._live_stale = True

@@ -6,10 +6,11 @@ Answers are `AssistantText` columns of sealed pieces plus one small live piece (
 does not grow with the answer, and sealed and live parts are drawn by the same renderer. Reasoning streams into a
 collapsed `ReasoningBlock` above the step's answer; in history it comes from `assistant/message.reasoning`.
 
-History opens at the tail (`load_history`): every event is applied into a list of widgets, only the last screenfuls
-are mounted, and older ones (whole widgets, or the hidden pieces of a long answer) are mounted as the view nears the
-top. Follow mode is Textual's anchor: the view stays at the end while it is there; scrolling up releases it (nothing
-pulls the view back) and a "↓ new output" line says when more arrived below; End or a click on that line follows again.
+History opens at the tail (`load_history`): only the last turns that fill a few screenfuls become widgets and are
+mounted; older turns stay events, and are built and mounted (whole widgets, or the hidden pieces of a long answer) as
+the view nears the top. Follow mode is Textual's anchor: the view stays at the end while it is there; scrolling up
+releases it (nothing pulls the view back) and a "↓ new output" line says when more arrived below; End or a click on
+that line follows again.
 
 Every text that reaches a widget here came from outside (model, tools, prompts, the session file) and passes through
 `safe_text` first: an ESC or OSC sequence is shown as a visible symbol, never acted on by the terminal. Plain texts are
@@ -38,6 +39,7 @@ from cairn.persistence.events import (
     ToolCall,
     ToolResult,
     TurnEnd,
+    TurnStart,
     UserMessage,
 )
 
@@ -91,6 +93,32 @@ def estimated_lines(widget: Widget) -> int:
     return 2
 
 
+def estimated_event_lines(event: AnyEvent) -> int:
+    """A cheap guess of the lines an event adds to the transcript, before any widget exists (how many turns of
+    history to build at open)."""
+    if isinstance(event, UserMessage):
+        return 2 + event.text.count("\n")
+    if isinstance(event, AssistantMessage):
+        return 2 + event.text.count("\n") + 4 * len(event.tool_calls)
+    if isinstance(event, (RecoveryVerdict, ContextCompaction)):
+        return 2
+    if isinstance(event, ToolCall) and event.parent_call_id is not None:
+        return 4  # a nested call's card (top-level calls are counted with their assistant message)
+    if isinstance(event, TurnEnd):
+        return 0 if event.reason == "completed" else 2
+    return 0
+
+
+def split_turns(events: list[AnyEvent]) -> list[list[AnyEvent]]:
+    """Events cut before each `turn/start` (what comes before the first turn goes with it)."""
+    turns: list[list[AnyEvent]] = []
+    for event in events:
+        if isinstance(event, TurnStart) or not turns:
+            turns.append([])
+        turns[-1].append(event)
+    return turns
+
+
 class Transcript(VerticalScroll):
     DEFAULT_CSS = "Transcript { height: 1fr; padding: 0 1; }"
 
@@ -106,6 +134,7 @@ class Transcript(VerticalScroll):
         self._reasoned = ""  # reasoning chunks read from history (their assistant/message holds the whole text)
         self._sink: list[Widget] | None = None  # while history is read: widgets collect here instead of mounting
         self.older: list[Widget] = []  # history widgets not mounted yet, oldest first
+        self.older_turns: list[list[AnyEvent]] = []  # history turns not even built yet, oldest first
         self._revealing = False
 
     def compose(self):  # type: ignore[override]
@@ -155,15 +184,18 @@ class Transcript(VerticalScroll):
     # -- history from the tail --------------------------------------------------------------------------------------
 
     async def load_history(self, events: list[AnyEvent]) -> None:
-        """Apply the session's events as `apply(live=False)` would, but mount only the tail: about HISTORY_SCREENS
-        screenfuls; the rest waits in `older` (and in the hidden pieces of the first answer shown)."""
-        self._sink = []
-        try:
-            for event in events:
-                await self.apply(event, live=False)
-        finally:
-            built, self._sink = self._sink, None
+        """Show the session's events as `apply(live=False)` would, from the tail: only the last turns that fill about
+        HISTORY_SCREENS screenfuls become widgets, and only those are mounted; older widgets wait in `older` (and in
+        the hidden pieces of the first answer shown), older turns wait as events in `older_turns` until the view
+        nears them. Opening a long session costs its last screenfuls, not its length."""
+        turns = split_turns(events)
         budget = max(MIN_HISTORY_LINES, HISTORY_SCREENS * (self.size.height or 24))
+        first, lines = len(turns), 0
+        while first > 0 and lines < budget:
+            first -= 1
+            lines += sum(map(estimated_event_lines, turns[first]))
+        self.older_turns = turns[:first]
+        built = await self._build([event for turn in turns[first:] for event in turn])
         index, lines = len(built), 0
         while index > 0 and lines < budget:
             index -= 1
@@ -177,10 +209,29 @@ class Transcript(VerticalScroll):
             await self.mount_all(built[index:], before=self.new_output)
         self.anchor()
 
+    async def _build(self, events: list[AnyEvent]) -> list[Widget]:
+        """The widgets history events make, collected instead of mounted."""
+        self._sink = []
+        try:
+            for event in events:
+                await self.apply(event, live=False)
+        finally:
+            built, self._sink = self._sink, None
+        return built
+
+    async def _build_older_turn(self) -> None:
+        """The next older turn's widgets into `older`, built apart from the state of a turn that may be streaming."""
+        saved = (self._assistant, self._streamed, self._answer_start, self._reasoning, self._reasoned)
+        self._assistant, self._streamed, self._answer_start, self._reasoning, self._reasoned = None, "", None, None, ""
+        try:
+            self.older = await self._build(self.older_turns.pop()) + self.older
+        finally:
+            self._assistant, self._streamed, self._answer_start, self._reasoning, self._reasoned = saved
+
     @property
     def older_remaining(self) -> bool:
         first = self._first_content()
-        return bool(self.older) or (isinstance(first, AssistantText) and first.hidden > 0)
+        return bool(self.older or self.older_turns) or (isinstance(first, AssistantText) and first.hidden > 0)
 
     def _first_content(self) -> Widget | None:
         return next((c for c in self.children if c is not self.new_output), None)
@@ -191,11 +242,14 @@ class Transcript(VerticalScroll):
         budget = lines if lines is not None else 1 << 60
         before_height = self.virtual_size.height
         shown = 0
-        while shown < budget and self.older_remaining:
+        while shown < budget and self.older_remaining and self.is_attached:  # (not while the app is closing)
             first = self._first_content()
             if isinstance(first, AssistantText) and first.hidden:
                 await first.reveal_older(budget - shown)
                 shown += budget if lines is not None else 0
+                continue
+            if not self.older:
+                await self._build_older_turn()
                 continue
             widget = self.older.pop()
             if isinstance(widget, AssistantText) and lines is not None:

@@ -26,12 +26,14 @@ from ..approval import ApprovalAnswer, ApprovalRequest
 from ..compose import Agent, mount_agent
 from ..config import Config
 from ..history import PromptHistory, history_path
-from .. import slash_commands
+from .. import quiet_gc, slash_commands
 from ..loop import TurnResult
 from ..providers.base import Provider
 from ..terminal_text import safe_text
 from ..tools.registry import builtin_safety
-from cairn.persistence.events import AnyEvent, ApprovalDecided, AssistantMessage, RecoveryVerdict, TurnEnd, TurnStart
+from cairn.persistence.events import (
+    AnyEvent, ApprovalDecided, AssistantMessage, RecoveryVerdict, StepEnd, TurnEnd, TurnStart,
+)
 from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.session import LiveSession
 from cairn.widgets.persistence_service import PersistenceService
@@ -197,6 +199,8 @@ class ChatScreen(Screen[None]):
         self._count_tokens(events)
         if any(isinstance(e, (TurnStart, TurnEnd, ApprovalDecided)) for e in events):
             self._refresh_activity()  # ApprovalDecided: a session grant shows in the status bar
+        if any(isinstance(e, (StepEnd, TurnEnd)) for e in events):
+            self.call_after_refresh(quiet_gc.collect_now)  # the stream has ended: a full collection stalls nothing
 
     def _count_tokens(self, events: list[AnyEvent]) -> None:
         """Usage reported on `assistant/message`, summed for the current (or last) turn and the whole session."""
