@@ -2,7 +2,8 @@
 2000-item tight list, timed from launching the real command in a real terminal (tmux, 120×40) until the session's tail
 is on screen and a typed key is echoed in the prompt. Baseline, same run: `cairn show` of the same session (a real
 process, output to a pipe), which pays the same Python start-up, imports and log load, but no terminal UI. A one-turn
-session is measured too, as the floor every `cairn resume` pays whatever the session (not judged).
+session is measured too, as the floor every `cairn resume` pays whatever the session, and so is the smallest Textual app
+that shows a line and echoes a key (`bench/_bare_textual.py`): the framework's own floor (neither is judged).
 
 Targets (issue 12): ≤ 1.0 s each, and ≤ 3 × `cairn show` of the same session.
 
@@ -30,6 +31,7 @@ SIZE = (120, 40)
 KEYS = "zqzq"  # typed once the tail is on screen; text that is nowhere in either session
 TIMEOUT_S = 60.0
 FLOOR = "1 turn (floor)"  # reported, not judged: what any session pays (start-up, imports, first frame)
+BARE = "bare Textual app"  # reported, not judged: the framework's floor (bench/_bare_textual.py), no Cairn at all
 
 
 def long_session_events(turns: int = 80) -> list:
@@ -132,10 +134,11 @@ def wait_screen(tmux: Tmux, target: str, needle: str, start: float) -> float:
         time.sleep(0.004)
 
 
-def resume_once(tmux: Tmux, env: dict, home: Path, session_id: str, tail: str, n: int) -> tuple[float, float]:
+def resume_once(tmux: Tmux, env: dict, home: Path, session_id: str, tail: str, n: int,
+                command: str = "") -> tuple[float, float]:
     """Seconds from launch to the tail on screen, and to the typed keys echoed."""
     target = f"r{n}"
-    command = " ".join([*cairn_command(), "--home", str(home), "resume", session_id])
+    command = command or " ".join([*cairn_command(), "--home", str(home), "resume", session_id])
     env_args = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
     start = time.perf_counter()
     tmux.run("new-session", "-d", "-s", target, "-x", str(SIZE[0]), "-y", str(SIZE[1]), *env_args, command)
@@ -197,9 +200,19 @@ def main() -> None:
                     tails.append(shown)
                     echoes.append(echoed)
                 f = figures[label] = {"show": median(shows), "tail": median(tails), "usable": median(echoes)}
-                print(f"P8 {label:<15} median of {args.runs}: cairn show {f['show']:.3f} s   cairn resume: tail on "
+                print(f"P8 {label:<16} median of {args.runs}: cairn show {f['show']:.3f} s   cairn resume: tail on "
                       f"screen {f['tail']:.3f} s, key echoed {f['usable']:.3f} s   ratio {f['usable'] / f['show']:.2f}"
                       f"   (worst run {max(echoes):.3f} s)", flush=True)
+            bare_command = f"{sys.executable} {Path(__file__).with_name('_bare_textual.py')}"
+            tails, echoes = [], []
+            for _ in range(args.runs):
+                n += 1
+                shown, echoed = resume_once(tmux, {}, home, "", "End of answer 1.", n, bare_command)
+                tails.append(shown)
+                echoes.append(echoed)
+            bare = {"tail": median(tails), "usable": median(echoes)}
+            print(f"P8 {BARE:<16} median of {args.runs}: text on screen {bare['tail']:.3f} s, key echoed "
+                  f"{bare['usable']:.3f} s   (the framework's floor: Python, Textual's import, first frame)")
         finally:
             tmux.close()
     floor = figures.pop(FLOOR)
@@ -211,7 +224,8 @@ def main() -> None:
          tail_s={k: round(f["tail"], 3) for k, f in figures.items()},
          show_s={k: round(f["show"], 3) for k, f in figures.items()},
          ratios={k: round(f["usable"] / f["show"], 3) for k, f in figures.items()},
-         floor_usable_s=round(floor["usable"], 3), floor_show_s=round(floor["show"], 3), runs=args.runs)
+         floor_usable_s=round(floor["usable"], 3), floor_show_s=round(floor["show"], 3),
+         bare_textual_usable_s=round(bare["usable"], 3), runs=args.runs)
 
 
 if __name__ == "__main__":

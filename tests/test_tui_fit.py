@@ -81,7 +81,7 @@ def test_an_ordered_list_continued_in_a_new_piece_keeps_its_numbers():
     assert len(pieces) > 1
     from rich.console import Console
 
-    from cairn.widgets.answer_text import AnswerMarkdown
+    from cairn.widgets.answer_markdown import AnswerMarkdown
 
     console = Console(width=60, record=True)
     console.print(AnswerMarkdown(pieces[1]))
@@ -134,6 +134,23 @@ async def test_one_huge_answer_opens_with_only_its_last_pieces_shown(tmp_path):
         transcript = app.chat.query_one(Transcript)
         transcript.scroll_to(y=0, animate=False)  # the view nears the top: older pieces are shown above
         await wait_for(pilot, lambda: len(answer.shown_pieces) > len(shown), "older pieces")
+        await pilot.press("ctrl+q")
+
+
+async def test_a_list_cut_into_pieces_is_drawn_without_a_seam(tmp_path):
+    """Rich starts every list with a blank line; a piece that starts between two items must not show it."""
+    world = make_world(tmp_path, [])
+    text = "Items:\n\n" + "".join(f"- item {i} with a few words\n" for i in range(120))
+    write_log(world.store, "list", completed_turn(1, "list them", text))
+    app = world.resume_app("list")
+    async with app.run_test(size=(80, 100)) as pilot:
+        answer = await wait_for(pilot, lambda: app.chat and list(app.chat.query(AssistantText)), "the answer")
+        answer = answer[0]
+        await wait_for(pilot, lambda: answer.size.height > 100, "the answer laid out")
+        assert answer.hidden == 0 and len(answer.pieces) > 2  # every piece shown, and there are several
+        lines = [answer.render_line(y).text.strip() for y in range(answer.size.height)]
+        items = lines[lines.index("Items:") + 2:]
+        assert items == [f"• item {i} with a few words" for i in range(120)]  # no blank line between any two
         await pilot.press("ctrl+q")
 
 

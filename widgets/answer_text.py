@@ -16,13 +16,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar, Iterable
+from typing import Iterable
 
-from rich import box
-from rich.console import Console, ConsoleOptions, RenderResult
-from rich.markdown import CodeBlock, Markdown as RichMarkdown, TableElement
-from rich.syntax import Syntax
-from rich.table import Table
 from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
@@ -53,59 +48,6 @@ class Piece:
     def estimated_lines(self) -> int:
         """A guess of its height before it is rendered (deciding how much history to show)."""
         return self.text.count("\n") + 1 + self.gap
-
-
-class _Code(CodeBlock):
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        code = str(self.text).rstrip("\n")
-        yield Syntax(code, self.lexer_name, theme=self.theme, word_wrap=True, padding=(0, 1))
-
-
-class _Table(TableElement):
-    look: TableLook | None = None
-
-    @classmethod
-    def create(cls, markdown: RichMarkdown, token: object) -> "_Table":
-        table = cls()
-        assert isinstance(markdown, AnswerMarkdown)
-        index = markdown.tables_seen
-        markdown.tables_seen += 1
-        if index == 0 and markdown.piece.first_table is not None:
-            table.look = markdown.piece.first_table
-        elif index == markdown.tables_total - 1 and markdown.piece.last_table is not None:
-            table.look = markdown.piece.last_table
-        return table
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        look = self.look
-        table = Table(box=box.SIMPLE, pad_edge=False, style="markdown.table.border", show_edge=False,
-                      collapse_padding=True, show_header=look is None or look.show_header)
-        if self.header is not None and self.header.row is not None:
-            for index, column in enumerate(self.header.row.cells):
-                heading = column.content.copy()
-                heading.stylize("markdown.table.header")
-                width = look.widths[index] if look is not None and index < len(look.widths) else None
-                table.add_column(heading, width=width)
-        if self.body is not None:
-            for row in self.body.rows:
-                table.add_row(*[cell.content for cell in row.cells])
-        yield table
-
-
-class AnswerMarkdown(RichMarkdown):
-    """Rich's Markdown with the two changes pieces need: code without vertical padding, tables with a given look."""
-
-    elements: ClassVar[dict] = {**RichMarkdown.elements, "fence": _Code, "code_block": _Code, "table_open": _Table}
-
-    def __init__(self, piece: Piece) -> None:
-        super().__init__(piece.text)
-        self.piece = piece
-        self.tables_total = sum(1 for token in self.parsed if token.type == "table_open")
-        self.tables_seen = 0
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        self.tables_seen = 0
-        yield from super().__rich_console__(console, options)
 
 
 def _cells(line: str) -> list[str]:
@@ -285,11 +227,18 @@ class AssistantText(Widget):
     # -- rendering ---------------------------------------------------------------------------------------------------
 
     def _render_piece(self, piece: Piece, width: int, first: bool) -> list[Strip]:
+        from .answer_markdown import AnswerMarkdown  # (Markdown and Pygments load with the first answer, not at start)
+
         console = self.app.console
         options = self.app.console_options.update(highlight=False, width=width, height=None)
         lines = console.render_lines(AnswerMarkdown(piece), options, style=self.visual_style.rich_style, pad=False)
-        while lines and not "".join(segment.text for segment in lines[-1]).strip():
-            lines.pop()  # Rich ends some pieces with a blank line; spacing between pieces is the piece's gap
+        blank = [not "".join(segment.text for segment in line).strip() for line in lines]
+        start, end = 0, len(lines)
+        while start < end and blank[start]:
+            start += 1  # Rich starts a list with a blank line: a list cut between items would show a seam
+        while end > start and blank[end - 1]:
+            end -= 1  # and ends some pieces with one; spacing between pieces is the piece's gap alone
+        lines = lines[start:end]
         strips = [Strip(line) for line in lines]
         return [Strip.blank(0)] + strips if piece.gap and not first else strips
 

@@ -43,7 +43,6 @@ from cairn.widgets.transcript import Notice, Transcript
 
 from .approval import ApprovalModal
 from .help import HelpScreen
-from .resume import ResumeScreen, ended_by_cancel, recovered_from
 
 
 WELCOME = (
@@ -135,8 +134,12 @@ class ChatScreen(Screen[None]):
         transcript.scroll_end(animate=False)
         self.session.subscribe(self._on_session_event)
         self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
-        calls, first_prompt, text = recovered_from(self.session.events)
-        if calls and (self.session.repaired or calls_awaiting_verdict(self.session.events)):
+        calls: list[Any] = []
+        if self.session.repaired or calls_awaiting_verdict(self.session.events):
+            from .resume import recovered_from  # (imported only when there may be calls to show: start-up, P8)
+
+            calls, first_prompt, text = recovered_from(self.session.events)
+        if calls:
             self.resume_pending = True
             self.app.push_screen(self._resume_screen(calls, first_prompt, text), self._resumed)
         else:
@@ -146,7 +149,9 @@ class ChatScreen(Screen[None]):
                 transcript.scroll_end(animate=False)
             prompt.focus()
 
-    def _resume_screen(self, calls: Any, prompt: str, text: str) -> ResumeScreen:
+    def _resume_screen(self, calls: Any, prompt: str, text: str) -> Screen[Any]:
+        from .resume import ResumeScreen, ended_by_cancel
+
         return ResumeScreen(self.session.id, calls, prompt, text, workspace=self.config.workspace,
                             cancelled=ended_by_cancel(self.session.events))
 
@@ -433,6 +438,8 @@ class ChatScreen(Screen[None]):
 
             await say(usage_text(self._turn_tokens, self._session_tokens) or "The provider has reported no usage yet.")
         elif name == "verdict":
+            from .resume import recovered_from
+
             calls = [c for c in recovered_from(self.session.events)[0] if c.status == "OUTCOME_UNKNOWN"]
             waiting = {r.call_id for r in calls_awaiting_verdict(self.session.events)}
             calls = [c for c in calls if c.call_id in waiting]

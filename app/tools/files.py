@@ -27,10 +27,12 @@ import secrets
 import stat
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import anyio.to_thread
-import regex
+
+if TYPE_CHECKING:
+    import regex
 
 from .base import OUTPUT_LIMIT, BadArguments, Tool, ToolContext, ToolFailure, truncate_output
 from .workspace import (
@@ -258,6 +260,8 @@ class _OverBudget(Exception):
 
 def _compile(pattern: str, ignore_case: bool) -> tuple[regex.Pattern[str], bool]:
     """A regex if `pattern` is one, else the pattern as literal text. Returns (compiled, fell_back_to_literal)."""
+    import regex  # (here, not at the top: only a search needs it, and every start-up would pay ~10 ms for it)
+
     flags = regex.IGNORECASE if ignore_case else 0
     try:
         return regex.compile(pattern, flags), False
