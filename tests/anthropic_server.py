@@ -54,7 +54,7 @@ from openai_server import (  # tests/ is on sys.path (pytest, or run as a script
     error,
     hang,
 )
-from openai_server import _script_strict, load_script
+from openai_server import _script_strict, load_script, serve_until_signalled
 
 __all__ = ["AnthropicServer", "message", "tool_use", "error", "hang", "overloaded", "rate_limited", "signature_for"]
 
@@ -330,9 +330,6 @@ if "pytest" in sys.modules:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import os
-    import signal
-    import threading
 
     parser = argparse.ArgumentParser(description="Scripted Anthropic-Messages streaming server for tests.")
     parser.add_argument("--script", help="JSON file: a list of behaviours or {responses: [...], default: {...}}")
@@ -347,19 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     server = AnthropicServer(script, default=default, marker_file=args.marker_file, release_file=args.release_file,
                              requests_file=args.requests_file, strict=not args.no_strict and _script_strict(args.script),
                              key=args.key).start()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    if args.port_file:
-        with open(f"{args.port_file}.tmp", "w", encoding="utf-8") as f:
-            f.write(str(server.port))
-        os.replace(f"{args.port_file}.tmp", args.port_file)
-    try:
-        while not stop.wait(0.2):
-            pass
-    finally:
-        server.stop()
-    return 0
+    return serve_until_signalled(server, args.port_file, "anthropic_server")
 
 
 if __name__ == "__main__":

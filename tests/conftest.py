@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 
@@ -19,3 +21,13 @@ def pg_database_url(monkeypatch):
     with fresh_schema() as (_schema, url):
         monkeypatch.setenv("CAIRN_DATABASE_URL", url)
         yield url
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    """The sessions screen shows local times: pin the zone so the picture does not depend on the machine."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

@@ -839,15 +839,21 @@ def main(argv: list[str] | None = None) -> int:
         requests_file=args.requests_file,
         strict=strict,
     ).start()
+    return serve_until_signalled(server, args.port_file, "openai_server")
+
+
+def serve_until_signalled(server, port_file: str | None, name: str) -> int:
+    """A started test server run as a process: its port written atomically to `port_file`, stopped on SIGTERM or
+    SIGINT (shared by every scripted server's `main`)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    if args.port_file:
-        tmp = f"{args.port_file}.tmp"
+    if port_file:
+        tmp = f"{port_file}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(str(server.port))
-        os.replace(tmp, args.port_file)
-    print(f"openai_server listening on {server.base_url}", file=sys.stderr, flush=True)
+        os.replace(tmp, port_file)
+    print(f"{name} listening on {server.base_url}", file=sys.stderr, flush=True)
     try:
         while not stop.wait(0.2):
             pass

@@ -16,7 +16,6 @@ from cairn.widgets.answer_text import LIVE_LIMIT, Sealer, pieces_of
 from cairn.widgets.tool_card import ToolCard
 from cairn.widgets.transcript import AssistantText, Transcript, UserPrompt
 from cairn.widgets.prompt_input import PromptInput
-from test_tui_snapshots import utc  # noqa: F401  (the fixture that pins the sessions screen's time zone)
 from tui_helpers import completed_turn, crashed_turn, ended_turns, make_world, wait_for, write_log
 
 pytestmark = pytest.mark.anyio
@@ -92,16 +91,26 @@ def test_an_ordered_list_continued_in_a_new_piece_keeps_its_numbers():
 # -- history from the tail ------------------------------------------------------------------------------------------
 
 
-async def test_a_long_session_opens_at_its_tail_and_home_mounts_the_rest(tmp_path):
+def session_of_turns(tmp_path, turns: int):
+    """An app resuming a session of `turns` short completed turns, and the session's events."""
     world = make_world(tmp_path, [])
     events = []
-    for turn in range(1, 81):
+    for turn in range(1, turns + 1):
         events += completed_turn(turn, f"prompt {turn}", f"Answer {turn}.\n\n" + "line\n" * 5)
     write_log(world.store, "long", events)
-    app = world.resume_app("long")
+    return world.resume_app("long"), events
+
+
+async def opened_transcript(pilot, app) -> Transcript:
+    transcript = await wait_for(pilot, lambda: app.chat and app.chat.query_one(Transcript), "the transcript")
+    await wait_for(pilot, lambda: list(transcript.query(UserPrompt)), "the history")
+    return transcript
+
+
+async def test_a_long_session_opens_at_its_tail_and_home_mounts_the_rest(tmp_path):
+    app, events = session_of_turns(tmp_path, 80)
     async with app.run_test(size=(100, 30)) as pilot:
-        transcript = await wait_for(pilot, lambda: app.chat and app.chat.query_one(Transcript), "the transcript")
-        await wait_for(pilot, lambda: list(transcript.query(UserPrompt)), "the history")
+        transcript = await opened_transcript(pilot, app)
         prompts = [str(p.render()) for p in transcript.query(UserPrompt)]
         assert prompts[-1] == "> prompt 80"
         assert len(prompts) < 40  # only the tail is mounted
@@ -155,15 +164,9 @@ async def test_a_list_cut_into_pieces_is_drawn_without_a_seam(tmp_path):
 
 
 async def test_scrolling_up_builds_older_turns_in_order_above_what_is_shown(tmp_path):
-    world = make_world(tmp_path, [])
-    events = []
-    for turn in range(1, 41):
-        events += completed_turn(turn, f"prompt {turn}", f"Answer {turn}.\n\n" + "line\n" * 5)
-    write_log(world.store, "long", events)
-    app = world.resume_app("long")
+    app, events = session_of_turns(tmp_path, 40)
     async with app.run_test(size=(80, 24)) as pilot:
-        transcript = await wait_for(pilot, lambda: app.chat and app.chat.query_one(Transcript), "the transcript")
-        await wait_for(pilot, lambda: list(transcript.query(UserPrompt)), "the history")
+        transcript = await opened_transcript(pilot, app)
         waiting = len(transcript.older_turns)
         assert waiting > 0
         transcript.scroll_to(y=0, animate=False)  # near the top: the next older turns are built and mounted

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,6 @@ from cairn.widgets.reasoning import ReasoningBlock
 from cairn.widgets.transcript import AssistantText
 
 SIZE = (120, 32)
-
-
-@pytest.fixture
-def utc(monkeypatch):
-    """The sessions screen shows local times: pin the zone so the picture does not depend on the machine."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def snapshot(snap_compare, app: CairnApp, run_before=None, press=(), before_close=None) -> bool:
