@@ -266,7 +266,7 @@ def sessions_command(args: argparse.Namespace, config: Any) -> int:
     import msgspec
 
     from .render import first_line, format_time
-    from .terminal_text import safe_text
+    from cairn.widgets.terminal_text import safe_text
 
     store = open_store(config)
     summaries = store.list_sessions()
@@ -306,7 +306,7 @@ def show_command(args: argparse.Namespace, config: Any) -> int:
     from cairn.persistence.events import encode_event
 
     from .render import render_session
-    from .terminal_text import safe_text
+    from cairn.widgets.terminal_text import safe_text
 
     inspection = open_store(config).inspect(args.session_id)
     if inspection.live_pid is not None:

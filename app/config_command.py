@@ -17,7 +17,7 @@ from .config import (
     describe_database_url,
 )
 from .exit_codes import EXIT_OK
-from .terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 
 DEFAULT_MODELS = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC_MODEL}
 DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}

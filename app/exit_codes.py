@@ -14,7 +14,7 @@ EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, EXIT_LOCKED, EXIT_CORRUPT, EXIT_CANCELLED 
 def fail(message: str, code: int) -> int:
     """One line on stderr. The message may quote a server, a file or a session id: it is made terminal-safe and kept
     on one line."""
-    from .terminal_text import safe_text
+    from cairn.widgets.terminal_text import safe_text
 
     print("cairn: " + " ".join(safe_text(message).split()), file=sys.stderr)
     return code

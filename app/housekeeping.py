@@ -38,7 +38,7 @@ def rm_command(args: argparse.Namespace, store: Any) -> int:
     from cairn.persistence.errors import PersistenceError, SessionLocked
 
     from .cli import exit_code_for, fail
-    from .terminal_text import safe_text
+    from cairn.widgets.terminal_text import safe_text
 
     worst = EXIT_OK
     for session_id in args.session_ids:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 
 PREVIEW_BYTES = 512 * 1024
 CONTEXT_LINES = 3

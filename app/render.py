@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
 
 from cairn.persistence.events import (
     AnyEvent,
@@ -24,21 +22,13 @@ from cairn.persistence.events import (
     UserMessage,
     usage_totals,
 )
+from cairn.widgets.terminal_text import summarize_arguments  # noqa: F401  (re-exported for the headless faces)
 
 STATUS_WORDS = {
     None: "ok",
     "TOOL_NOT_STARTED": "NOT_STARTED",
     "TOOL_OUTCOME_UNKNOWN": "OUTCOME_UNKNOWN",
 }
-
-
-def summarize_arguments(arguments: Any, limit: int = 80) -> str:
-    if isinstance(arguments, dict):
-        text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
-    else:
-        text = repr(arguments)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def result_status(result: ToolResult) -> str:

@@ -272,7 +272,7 @@ def test_escape_sequences_from_model_tool_and_prompt_never_reach_the_terminal_ra
 
 
 def test_safe_text_makes_controls_visible_and_keeps_newlines_and_tabs():
-    from cairn.app.terminal_text import safe_text
+    from cairn.widgets.terminal_text import safe_text
 
     assert safe_text("a\tb\nc") == "a\tb\nc"
     assert safe_text("\x1b[1m\x00\x7f\x9b\r") == "␛[1m␀␡\ufffd␍"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from textual.widgets import Collapsible, Static
 
-from cairn.app.terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 
 SEAL_AFTER = 4000  # characters of the live tail before its finished lines are sealed into their own widget
 

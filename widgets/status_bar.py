@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from cairn.app.terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 from cairn.persistence.events import Usage
 
 

@@ -17,8 +17,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Collapsible, Static
 
-from cairn.app.render import summarize_arguments
-from cairn.app.terminal_text import safe_text
+from .terminal_text import safe_text, summarize_arguments
 
 STATUS_LABELS = {
     "queued": "… queued",

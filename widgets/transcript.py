@@ -26,7 +26,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
-from cairn.app.terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 from cairn.persistence.events import (
     MAX_TOKENS,
     AnyEvent,

@@ -26,7 +26,7 @@ from textual.widgets.option_list import Option
 
 from ..approval import ApprovalAnswer, ApprovalRequest, first_word
 from ..previews import preview_parts, render_parts
-from ..terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 
 OPEN_GRACE = 0.4  # seconds after the modal opens during which no key decides it
 TYPING_GAP = 0.3  # keys closer together than this are one typing burst
@@ -105,7 +105,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
 
     def _options(self) -> list[Option]:
         name = safe_text(self.request.name)
-        options = [Option(f"a  Allow once", id="allowed_once"),
+        options = [Option("a  Allow once", id="allowed_once"),
                    Option(f"s  Allow {name} for the rest of this session (every call)", id="allowed_session")]
         if self.prefix:
             options.append(Option(f"p  Allow commands starting with `{safe_text(self.prefix)}` for this session",

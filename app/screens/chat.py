@@ -29,7 +29,7 @@ from ..history import PromptHistory, history_path
 from .. import quiet_gc, slash_commands
 from ..loop import TurnResult
 from ..providers.base import Provider
-from ..terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 from ..tools.registry import builtin_safety
 from cairn.persistence.events import (
     AnyEvent, ApprovalDecided, AssistantMessage, RecoveryVerdict, StepEnd, TurnEnd, TurnStart,

@@ -33,7 +33,7 @@ from textual.strip import Strip
 from textual.widgets import Footer, Input, Static
 
 from ..inspect_model import Filter, FilterError, InspectorModel, View, format_delta, parse_filter
-from ..terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 from cairn.persistence.errors import PersistenceError
 from cairn.persistence.store import SessionStore
 

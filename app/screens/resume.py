@@ -30,7 +30,7 @@ from textual.widgets import Button, DataTable, Footer, Label, Markdown, Static
 
 from ..previews import preview_parts, render_parts
 from ..render import summarize_arguments
-from ..terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 from cairn.persistence.events import (
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
@@ -39,7 +39,6 @@ from cairn.persistence.events import (
     ToolCall,
     ToolCallRequest,
     ToolProgress,
-    ToolResult,
     TurnEnd,
     TurnStart,
     UserMessage,

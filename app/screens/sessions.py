@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
 from ..render import first_line, format_time
-from ..terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 from .confirm import ConfirmDialog
 from cairn.persistence.store import SessionStore, SessionSummary
 

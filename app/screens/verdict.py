@@ -15,7 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from ..terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_text
 
 VERDICTS = (("happened", "It happened"), ("did_not_happen", "It did not happen"), ("unknown", "Leave it unknown"))
 

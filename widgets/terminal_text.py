@@ -6,11 +6,17 @@ keeps newlines and tabs, and makes every other control character visible instead
 ESC → ␛, other C0 controls → their Unicode control picture (U+2400 + code), DEL → ␡, C1 controls (U+0080–U+009F) → �.
 Lone surrogates (undecodable bytes smuggled in by Python's surrogateescape) become U+FFFD, so printing never raises
 UnicodeEncodeError either. `--json` output needs none of this: the JSON encoder escapes control characters already.
+`summarize_arguments` is a tool call's arguments as one line of bounded length.
+
+It lives beside the widgets (which may import nothing from `app`) and imports nothing of Textual, so headless commands
+use it too without paying for Textual.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
@@ -27,3 +33,12 @@ def _visible(match: re.Match[str]) -> str:
 def safe_text(text: str) -> str:
     """`text` with every control character except `\\n` and `\\t` made visible, and lone surrogates replaced."""
     return _UNSAFE.sub(_visible, text)
+
+
+def summarize_arguments(arguments: Any, limit: int = 80) -> str:
+    if isinstance(arguments, dict):
+        text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+    else:
+        text = repr(arguments)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
