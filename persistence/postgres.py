@@ -286,7 +286,7 @@ class PostgresWriter(Writer):
     def close(self) -> None:
         self._drop_data_connection()
         if self._lock_conn is not None:
-            _close_quietly(self._lock_conn)  # the server releases the advisory lock with the connection
+            _unlock_and_close(self._lock_conn)
             self._lock_conn = None
 
 
@@ -627,6 +627,17 @@ def _dead_here(host: str | None, pid: int | None) -> bool:
     except OSError:
         return False
     return False
+
+
+def _unlock_and_close(lock_conn: Any) -> None:
+    """Release the session's lock before closing its connection: the server would drop it with the connection too,
+    but only once its backend has noticed the close, and until then the session still looks live to everyone (a
+    `cairn sessions` or the next `cairn resume` a moment after this one ended)."""
+    try:
+        lock_conn.execute("SELECT pg_advisory_unlock_all()")
+    except psycopg.Error:
+        pass  # a broken connection: closing it is all that is left, and the server drops the lock with it
+    _close_quietly(lock_conn)
 
 
 def _close_quietly(conn: Any) -> None:
