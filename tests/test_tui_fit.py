@@ -143,6 +143,14 @@ async def test_one_huge_answer_opens_with_only_its_last_pieces_shown(tmp_path):
         transcript = app.chat.query_one(Transcript)
         transcript.scroll_to(y=0, animate=False)  # the view nears the top: older pieces are shown above
         await wait_for(pilot, lambda: len(answer.shown_pieces) > len(shown), "older pieces")
+
+        def drawn() -> list[str]:
+            return [answer.render_line(y).text.strip() for y in range(answer.size.height)]
+
+        await wait_for(pilot, lambda: drawn()[-1:] == ["• item 1999 with a few words"], "laid out again")
+        lines = drawn()
+        first = int(lines[0].split()[2])
+        assert lines == [f"• item {i} with a few words" for i in range(first, 2000)]  # contiguous, no seam, no twice
         await pilot.press("ctrl+q")
 
 

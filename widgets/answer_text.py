@@ -328,8 +328,14 @@ class AssistantText(Widget):
         while index > 0 and shown < lines:
             index -= 1
             shown += self.pieces[index].estimated_lines()
-        self.hidden = index
-        self._width = 0  # rendered again at the next layout (the pieces above and the gap of the old first one)
+        revealed, self.hidden = self.pieces[index:self.hidden], index
+        if self._width:  # render only the pieces now shown; the old first piece gets its gap line back
+            width = self._width
+            if self._piece_lines and self.pieces[self.hidden + len(revealed)].gap:
+                self._piece_lines[0] = [Strip.blank(0)] + self._piece_lines[0]
+            rendered = [self._render_piece(p, width, i == 0) for i, p in enumerate(revealed)]
+            self._piece_lines[:0] = rendered
+            self._lines = [line for lines in self._piece_lines for line in lines]
         self._changed()
         return True
 
