@@ -71,13 +71,14 @@ async def test_reasoning_with_a_tool_call_is_shown_and_sent_back_and_usage_reach
             ends = await send(app, pilot, "what is here?", 1)
             blocks = await wait_for(pilot, lambda: len(app.chat.query(ReasoningBlock)) == 2
                                     and list(app.chat.query(ReasoningBlock)), "both reasoning blocks")
-            await wait_for(pilot, lambda: "60" in str(app.chat.query_one(StatusBar).render()), "the usage")
+            # (the arrows matter: the session id, a time stamp, can hold "60" too)
+            await wait_for(pilot, lambda: "↓60" in str(app.chat.query_one(StatusBar).render()), "the usage")
             status = str(app.chat.query_one(StatusBar).render())
             await pilot.press("ctrl+q")
     assert ends[0].reason == "completed"
     assert not server.refusals, [(r.refused, r.violations) for r in server.refusals]
     assert len(blocks) == 2
-    assert "2.4k" in status and "60" in status, status  # the session's input and output tokens, compact
+    assert "↑2.4k" in status and "↓60" in status, status  # the session's input and output tokens, compact
 
 
 async def test_model_switches_to_a_config_file_profile_from_the_next_turn_and_the_header_records_it(tmp_path):
