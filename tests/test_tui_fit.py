@@ -417,3 +417,24 @@ async def test_full_collections_are_held_while_the_app_runs_and_python_defaults_
         await wait_for(pilot, lambda: gc.get_stats()[2]["collections"] > collections, "a full collection at turn end")
         await pilot.press("ctrl+q")
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+async def test_drawing_while_no_event_arrived_does_not_slow_the_next_frames(tmp_path):
+    """Frame pacing counts Textual's drawing since the last drain; after a quiet spell (typing, a blinking cursor) that
+    drawing is not a frame's cost, so the first events after it are shown at the normal frame rate."""
+    from cairn.app.screens.chat import UI_FRAME
+
+    world = make_world(tmp_path, [{"text": "a short answer"}])
+    app = world.new_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        chat = app.chat
+        chat._drawn = 10.0  # as if the screen had drawn for ten seconds since the last batch of events
+        chat._due -= 60.0  # and the last batch was a minute ago
+        frames: list[float] = []
+        pace = chat._pace_frames
+        chat._pace_frames = lambda lateness, cost: (pace(lateness, cost), frames.append(chat._frame))
+        chat.query_one(PromptInput).insert("hello")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: frames and not chat.turn_running, "the turn")
+        assert frames[0] < 4 * UI_FRAME  # paced by the first batch's own cost, not by the quiet spell's drawing
+        await pilot.press("ctrl+q")

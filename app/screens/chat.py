@@ -180,7 +180,10 @@ class ChatScreen(Screen[None]):
         self._incoming.append(event)
         if not self._drain_posted:
             self._drain_posted = True
-            self._due = time.perf_counter() + self._frame
+            now = time.perf_counter()
+            if now - self._due > MAX_FRAME:  # after a quiet spell, what was drawn meanwhile (typing, a blinking
+                self._drawn = 0.0  # cursor) is not the cost of a frame of events
+            self._due = now + self._frame
             self.set_timer(self._frame, lambda: self.post_message(self.EventsReady()))
 
     @on(EventsReady)
