@@ -220,7 +220,8 @@ class Transcript(VerticalScroll):
         return built
 
     async def _build_older_turn(self) -> None:
-        """The next older turn's widgets into `older`, built apart from the state of a turn that may be streaming."""
+        """The next older turn's widgets into `older`, built apart from the state of a turn that may be streaming.
+        Applying history never suspends (nothing is mounted), so a live batch cannot run in between and land here."""
         saved = (self._assistant, self._streamed, self._answer_start, self._reasoning, self._reasoned)
         self._assistant, self._streamed, self._answer_start, self._reasoning, self._reasoned = None, "", None, None, ""
         try:
