@@ -24,10 +24,10 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
 
-from .approval import ApprovalRequest, Approver, headless_approver
+from .agent.approval import ApprovalRequest, Approver, headless_approver
+from .agent.loop import TurnResult
 from .compose import Agent, open_agent
-from .config import resolve_config
-from .loop import TurnResult
+from .config.resolver import resolve_config
 
 __all__ = ["open_session", "Agent", "ApprovalRequest", "TurnResult"]
 

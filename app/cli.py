@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from cairn import __version__
+from cairn.version import __version__
 
 from .exit_codes import (  # noqa: F401 (re-exported: callers of cli use these names)
     EXIT_CANCELLED,
@@ -22,6 +22,7 @@ from .exit_codes import (  # noqa: F401 (re-exported: callers of cli use these n
     EXIT_OK,
     EXIT_TURN_ERROR,
     EXIT_USAGE,
+    exit_code_for,
     fail,
 )
 
@@ -121,23 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def exit_code_for(error: BaseException) -> int | None:
-    """Map a user-facing error to its exit code; None for a bug (which should surface)."""
-    from cairn.persistence import errors as pe
-
-    from .config import ConfigError
-
-    if isinstance(error, pe.SessionLocked):
-        return EXIT_LOCKED
-    if isinstance(error, (pe.CorruptLog, pe.UnsupportedFormat)):
-        return EXIT_CORRUPT
-    if isinstance(error, (ConfigError, pe.InvalidSessionId, pe.SessionNotFound, pe.SessionExists, pe.StoreUnavailable)):
-        return EXIT_USAGE
-    if isinstance(error, pe.PersistenceError):
-        return EXIT_TURN_ERROR
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -161,7 +145,7 @@ def open_store(config: Any):  # -> SessionStore; without importing the agent (fa
 
 def config_from(args: argparse.Namespace, runs_model: bool = True):  # -> Config
     """`runs_model=False` for commands that only read sessions: they never need (or check) a provider."""
-    from .config import resolve_config
+    from .config.resolver import resolve_config
 
     return resolve_config(
         home=args.home, backend=args.backend, provider=args.provider, model=args.model, script=args.script,
@@ -181,7 +165,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if command == "show":
         return show_command(args, config_from(args, runs_model=False))
     if command in ("rm", "export"):
-        from .housekeeping import export_command, rm_command
+        from .commands.housekeeping import export_command, rm_command
 
         store = open_store(config_from(args, runs_model=False))
         return rm_command(args, store) if command == "rm" else export_command(args, store)
@@ -190,7 +174,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return inspect_command(args, config_from(args, runs_model=False))
     if command == "config":
-        from .config_command import config_command
+        from .commands.config import config_command
 
         return config_command(args, config_from(args))
     if command == "acp":
@@ -239,7 +223,7 @@ def check_provider(config: Any) -> None:
     """Build the provider once to surface configuration errors (exit 2), then let it go."""
     import anyio
 
-    from .config import make_provider
+    from .config.resolver import make_provider
 
     provider = make_provider(config)
     anyio.run(provider.aclose)
@@ -251,7 +235,7 @@ def config_for_opened(config: Any, opened: Any) -> Any:
     if opened is None:
         return config
     from .compose import close_unused
-    from .config import config_for_session
+    from .config.resolver import config_for_session
 
     try:
         session_config = config_for_session(config, opened.events)
@@ -265,8 +249,9 @@ def config_for_opened(config: Any, opened: Any) -> Any:
 def sessions_command(args: argparse.Namespace, config: Any) -> int:
     import msgspec
 
-    from .render import first_line, format_time
     from cairn.widgets.terminal_text import safe_text
+
+    from .render import first_line, format_time
 
     store = open_store(config)
     summaries = store.list_sessions()
@@ -304,9 +289,9 @@ def human_size(size: int) -> str:
 
 def show_command(args: argparse.Namespace, config: Any) -> int:
     from cairn.persistence.events import encode_event
+    from cairn.widgets.terminal_text import safe_text
 
     from .render import render_session
-    from cairn.widgets.terminal_text import safe_text
 
     inspection = open_store(config).inspect(args.session_id)
     if inspection.live_pid is not None:

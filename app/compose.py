@@ -2,7 +2,7 @@
 
 Leaving the context cancels the running turn and waits until the loop is idle (so the real `step/end`/`turn/end` are
 written), removes the policy's hooks, then flushes and closes the session and releases its lock. AsyncExitStack gives
-that order by construction. Configured MCP servers (app/mcp_client.py) are entered just before the policy, so they stop
+that order by construction. Configured MCP servers (app/tools/mcp.py) are entered just before the policy, so they stop
 after the loop has quiesced and before persistence closes.
 """
 
@@ -16,13 +16,13 @@ from cairn.persistence.coordinator import DEFAULT_WINDOW
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import OpenedSession, SessionStore
 
-from . import failpoints
-from .approval import Approver, headless_approver
-from .compaction import context_window_for
-from .config import Config, config_for_session, database_secrets, make_provider, provider_secrets
-from .hooks import Hooks
-from .loop import AgentLoop, TurnResult
-from .policy import CheckpointPolicy
+from .agent import failpoints
+from .agent.approval import Approver, headless_approver
+from .agent.compaction import context_window_for
+from .agent.hooks import Hooks
+from .agent.loop import AgentLoop, TurnResult
+from .agent.policy import CheckpointPolicy
+from .config.resolver import Config, config_for_session, database_secrets, make_provider, provider_secrets
 from .providers.base import Provider
 from .tools.registry import ToolRegistry, builtin_tools
 
@@ -34,7 +34,7 @@ class Agent:
     policy: CheckpointPolicy | None
     provider: Provider | None = None
     config: Config | None = None  # the effective one: a resumed session's own provider and model applied
-    mcp: Any = None  # mcp_client.McpServers when MCP servers are configured (their states, for displays)
+    mcp: Any = None  # tools.mcp.McpServers when MCP servers are configured (their states, for displays)
 
     @property
     def id(self) -> str:
@@ -89,7 +89,7 @@ async def mount_agent(
     if getattr(config, "mcp_servers", None):
         # before the policy and the loop, so the stack stops the servers after the loop has quiesced and before
         # persistence closes; mcp (and pydantic) are imported only here
-        from .mcp_client import McpServers
+        from .tools.mcp import McpServers
 
         mcp = McpServers(config.mcp_servers, config.workspace, report=report)
         session.add_secrets(mcp.secrets)

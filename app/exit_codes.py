@@ -1,7 +1,7 @@
-"""Exit codes and the one-line failure message shared by the CLI's commands.
+"""Exit codes, the error → code mapping and the one-line failure message shared by the CLI's commands.
 
-Its own module so `cli` (which dispatches) and `headless` (which runs `cairn run`) both import it and neither imports
-the other: the circle between them made every import order matter.
+Its own module so `cli` (which dispatches), `headless` (which runs `cairn run`) and the small commands (`rm`, `export`,
+`config`) all import it and none of them imports another: circles between them made every import order matter.
 """
 
 from __future__ import annotations
@@ -18,3 +18,20 @@ def fail(message: str, code: int) -> int:
 
     print("cairn: " + " ".join(safe_text(message).split()), file=sys.stderr)
     return code
+
+
+def exit_code_for(error: BaseException) -> int | None:
+    """Map a user-facing error to its exit code; None for a bug (which should surface)."""
+    from cairn.persistence import errors as pe
+
+    from .config.checks import ConfigError
+
+    if isinstance(error, pe.SessionLocked):
+        return EXIT_LOCKED
+    if isinstance(error, (pe.CorruptLog, pe.UnsupportedFormat)):
+        return EXIT_CORRUPT
+    if isinstance(error, (ConfigError, pe.InvalidSessionId, pe.SessionNotFound, pe.SessionExists, pe.StoreUnavailable)):
+        return EXIT_USAGE
+    if isinstance(error, pe.PersistenceError):
+        return EXIT_TURN_ERROR
+    return None

@@ -30,12 +30,12 @@ from cairn.persistence.events import (
     ToolResult,
     encode_event,
 )
+from cairn.widgets.terminal_text import safe_text
 
-from .approval import headless_approver
+from .agent.approval import headless_approver
 from .compose import Agent, open_agent
 from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, fail
 from .render import first_line, result_status, summarize_arguments
-from cairn.widgets.terminal_text import safe_text
 
 REASONING_PREFIX = "thinking┆ "
 DIM, RESET = "\x1b[2m", "\x1b[0m"

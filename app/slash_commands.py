@@ -51,8 +51,8 @@ def profile_config(config: Any, name: str) -> Any | None:
     defines no such profile (then `/model NAME` means a model name). A profile that is broken raises ConfigError."""
     import os
 
-    from .config import resolve_config
-    from .config_file import ConfigFileError, read_config_file
+    from .config.file import ConfigFileError, read_config_file
+    from .config.resolver import resolve_config
 
     path = getattr(config, "config_file", None)
     if path is None:

@@ -20,16 +20,17 @@ from textual import events
 from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from cairn.persistence.session import LiveSession
+from cairn.persistence.store import OpenedSession, SessionStore
+from cairn.widgets.prompt_input import PromptInput
+
 from . import quiet_gc
-from .config import Config, make_provider
+from .config.resolver import Config, make_provider
 from .screens.approval import ApprovalModal
 from .screens.chat import ChatScreen
 from .screens.confirm import ConfirmDialog
 from .screens.sessions import SessionChoice, SessionsScreen
 from .slash_commands import COMMANDS
-from cairn.persistence.session import LiveSession
-from cairn.persistence.store import OpenedSession, SessionStore
-from cairn.widgets.prompt_input import PromptInput
 
 SETTINGS_FILE = "tui.json"
 

@@ -13,7 +13,6 @@ import asyncio
 import time
 
 from _common import emit, header, median, temp_dir  # noqa: E402  (puts the project on sys.path)
-
 from p4_cold_load import EVENTS, SESSION_ID, SessionGenerator, write_session
 
 RUNS = 3
@@ -42,7 +41,8 @@ async def open_once(store) -> tuple[float, float, object]:
 
 def main() -> None:
     import textual.app  # noqa: F401  (the import is not what is measured)
-    from cairn.app.inspect_model import parse_filter
+
+    from cairn.app.inspect.model import parse_filter
     from cairn.persistence.store import SessionStore
 
     with temp_dir("cairn-p10-") as root:

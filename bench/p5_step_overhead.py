@@ -1,7 +1,7 @@
 """P5 — what does checkpointing one agent step cost, Cairn vs LangGraph, and how does storage grow?
 
 A step here is what Cairn's loop appends for one model call that asks for one tool, with the barriers where
-app/policy.py places them (3 fdatasyncs per step):
+app/agent/policy.py places them (3 fdatasyncs per step):
 
     step/start                                  -> pre-step barrier (flush)
     request/header                              -> pre-request barrier (flush)
@@ -41,10 +41,9 @@ import sys
 from typing import Annotated, Any, Callable, TypedDict
 
 import _common  # noqa: F401  (loads the checkout's cairn package)
-from _common import describe, emit, header, median, now_ns, percentile, temp_dir
-
 import anyio
 import msgspec
+from _common import describe, emit, header, median, now_ns, percentile, temp_dir
 
 from cairn.persistence.events import (
     AssistantMessage,

@@ -21,9 +21,8 @@ import os
 import time
 from pathlib import Path
 
-from _common import emit, median, temp_dir  # noqa: E402  (puts the project on sys.path)
-
 import anyio
+from _common import emit, median, temp_dir  # noqa: E402  (puts the project on sys.path)
 
 TOKENS = 20_000  # prose: 400 paragraphs of 50 words
 TARGET = 1.5
@@ -52,13 +51,13 @@ def write_script(path: Path, text: str, chunks: int, delay_ms: int) -> Path:
 
 
 def config_for(home: Path, script: Path, workspace: Path):
-    from cairn.app.config import resolve_config
+    from cairn.app.config.resolver import resolve_config
 
     return resolve_config(home=str(home), provider="script", script=str(script), workspace=str(workspace), env={})
 
 
 async def headless_once(home: Path, script: Path, workspace: Path) -> float:
-    from cairn.app.approval import headless_approver
+    from cairn.app.agent.approval import headless_approver
     from cairn.app.compose import open_agent
     from cairn.app.headless import Printer
 

@@ -94,7 +94,7 @@ def _decode_slowly(body: bytes, path: str, first_line: int, tail_may_be_torn: bo
         try:
             event = event_decoder.decode(line)
         except msgspec.ValidationError as e:
-            event = _ignorable_or_refuse(line, path, line_no, e)
+            event = ignorable_or_refuse(line, path, line_no, e)
         except msgspec.DecodeError:
             if tail_may_be_torn and i == last and not unterminated:
                 break  # a complete-looking last line that is not JSON: torn by a crash
@@ -107,7 +107,7 @@ def _decode_slowly(body: bytes, path: str, first_line: int, tail_may_be_torn: bo
     return events, kept
 
 
-def _ignorable_or_refuse(line: bytes, path: str, line_no: int, error: Exception) -> IgnorableEvent:
+def ignorable_or_refuse(line: bytes, path: str, line_no: int, error: Exception) -> IgnorableEvent:
     raw = raw_decoder.decode(line)
     if isinstance(raw, dict) and raw.get("ignorable") is True and isinstance(raw.get("type"), str):
         seq, time = raw.pop("seq", None), raw.pop("time", None)

@@ -27,6 +27,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .events import SessionHeader, encoder, raw_decoder
+from .ids import valid_session_id
 from .locks import ensure_private_dir, flock_session_file, probe_flock
 
 _SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -307,8 +308,6 @@ class JsonlBackend(Backend):
             return 0
 
     def list_ids(self) -> list[str]:
-        from .store import valid_session_id
-
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:

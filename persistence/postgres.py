@@ -53,6 +53,7 @@ from .errors import (
     UnsupportedFormat,
 )
 from .events import SessionHeader, encoder, raw_decoder
+from .ids import valid_session_id
 
 SCHEMA_VERSION = 1
 CONNECT_TIMEOUT = 10  # seconds, unless the URL says otherwise
@@ -573,8 +574,6 @@ class PostgresBackend(Backend):
         return self._read("read", query)
 
     def list_ids(self) -> list[str]:
-        from .store import valid_session_id
-
         def query(conn: Any) -> list[str]:
             if not self._readable(conn):
                 return []

@@ -41,6 +41,7 @@ from .errors import (
     UnsupportedFormat,
 )
 from .events import FORMAT, FORMAT_VERSION, SessionHeader
+from .ids import valid_session_id
 from .locks import ensure_private_dir
 
 BUSY_TIMEOUT = 10.0  # seconds a write from a worker thread waits for another process's write transaction
@@ -368,8 +369,6 @@ class SqliteBackend(Backend):
         if conn is None:
             return []
         try:
-            from .store import valid_session_id
-
             rows = conn.execute("SELECT id FROM sessions ORDER BY id").fetchall()
             return [r[0] for r in rows if isinstance(r[0], str) and valid_session_id(r[0])]
         except sqlite3.Error as e:

@@ -8,8 +8,6 @@
 from __future__ import annotations
 
 import os
-import re
-import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -18,36 +16,18 @@ from pathlib import Path
 from .backend import Backend, EncodedEvent, Writer
 from .errors import (
     CorruptLog,
-    InvalidSessionId,
     PersistenceError,
     SessionNotFound,
     SessionUnreadable,
     StoreUnavailable,
 )
 from .events import AnyEvent, SessionHeader, TurnEnd, TurnStart, UserMessage, encode_event, usage_totals
+from .ids import check_session_id, new_session_id
 from .jsonl import JsonlBackend
 from .locks import SessionLock, lock_holder
 from .repair import repair_interrupted_turn
 
 BACKENDS = ("jsonl", "sqlite", "postgres")
-_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
-
-
-def check_session_id(session_id: str) -> str:
-    if not valid_session_id(session_id):
-        raise InvalidSessionId(session_id)
-    return session_id
-
-
-def valid_session_id(session_id: str) -> bool:
-    return bool(_ID.fullmatch(session_id))
-
-
-def new_session_id() -> str:
-    """Sortable by creation time, unique enough across processes: 20261202-155200-3fa9c1."""
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + secrets.token_hex(3)
-
-
 def make_backend(name: str, home: Path, database_url: str | None = None) -> Backend:
     """`database_url` is for `postgres` only (default: CAIRN_DATABASE_URL, so every composition and child process that
     was given the variable reaches the same database); psycopg is imported only when that backend is chosen."""

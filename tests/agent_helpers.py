@@ -9,9 +9,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from cairn.app.approval import Approver, headless_approver
+from cairn.app.agent.approval import Approver, headless_approver
 from cairn.app.compose import Agent, open_agent
-from cairn.app.config import resolve_config
+from cairn.app.config.resolver import resolve_config
 from cairn.app.tools.registry import ToolRegistry, builtin_tools
 from cairn.persistence.events import AnyEvent, event_type
 from cairn.persistence.jsonl import FileOps, JsonlBackend

@@ -1,7 +1,7 @@
 """Crash harness: real `cairn` child processes, stopped at a known point, SIGKILLed, then reopened cold in fresh ones.
 
 A `Rig` is one isolated world (its own CAIRN_HOME, workspace and environment), so tests using it are parallel-safe.
-`Rig.spawn()` starts `cairn` as a child process, optionally with a failpoint (app/failpoints.py); `Child.wait_marker()`
+`Rig.spawn()` starts `cairn` as a child process, optionally with a failpoint (app/agent/failpoints.py); `Child.wait_marker()`
 waits for the marker file's exact *contents* (GUIDE §3: the file is created empty first and the child writes the whole
 line, so its mere existence proves nothing); `Child.kill()` sends SIGKILL and asserts the child died by it.
 
@@ -56,7 +56,7 @@ def _seen(seen: Callable[[], Any] | None) -> str:
 
 
 def failpoint_line(name: str, session_id: str, pid: int) -> str:
-    """The exact marker line app/failpoints.py writes."""
+    """The exact marker line app/agent/failpoints.py writes."""
     return json.dumps({"failpoint": name, "session": session_id, "pid": pid}) + "\n"
 
 

@@ -13,13 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from cairn.app.compose import close_unused
-from cairn.app.config import ConfigError, config_for_session, resolve_config
-from cairn.persistence.store import SessionStore
-
 from agent_helpers import write_script
 from openai_server import OpenAIServer, cut_off, failing, text
+
+from cairn.app.compose import close_unused
+from cairn.app.config.resolver import ConfigError, config_for_session, resolve_config
+from cairn.persistence.store import SessionStore
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
 KEY = "sk-rev2-SECRET-KEY-41c9"

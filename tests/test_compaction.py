@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conversation_rules import conversation_violations
+from openai_server import OpenAIServer, RecordedRequest, error, text, tool_calls
 
-from cairn.app.compaction import (
+from cairn.app.agent.compaction import (
     CARRIED_HEADER,
     SUMMARY_SYSTEM,
     carried_facts,
@@ -22,14 +24,11 @@ from cairn.app.compaction import (
     estimate_tokens,
     is_context_overflow,
 )
+from cairn.app.agent.transcript import Transcript
 from cairn.app.compose import open_agent
-from cairn.app.config import ConfigError, resolve_config
+from cairn.app.config.resolver import ConfigError, resolve_config
 from cairn.app.providers.base import ProviderError
-from cairn.app.transcript import Transcript
 from cairn.persistence.events import ContextCompaction, RecoveryVerdict, ToolCall, ToolResult
-from openai_server import OpenAIServer, RecordedRequest, error, text, tool_calls
-
-from conversation_rules import conversation_violations
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
 WINDOW = 4096  # tokens, for the server and for Cairn alike

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import anyio
 import pytest
-
-from cairn.app.config import ConfigError, config_for_session, make_provider, resolve_config
-from cairn.persistence.events import RequestHeader
-
 from openai_server import OpenAIServer, text
+
+from cairn.app.config.resolver import ConfigError, config_for_session, make_provider, resolve_config
+from cairn.persistence.events import RequestHeader
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
 
@@ -300,6 +299,7 @@ async def test_every_readme_profile_works_against_a_local_server_speaking_its_ap
     import tomllib
 
     from anthropic_server import AnthropicServer, message
+
     from cairn.app.providers.base import ModelRequest, TextDelta
 
     profiles = tomllib.loads(readme_profiles())["profiles"]

@@ -12,10 +12,11 @@ import json
 from typing import Any
 
 import pytest
+from conversation_rules import KINDS, Violation, conversation_violations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cairn.app.transcript import NO_RESULT, Transcript
+from cairn.app.agent.transcript import NO_RESULT, Transcript
 from cairn.persistence.events import (
     ABORTED_BEFORE_DISPATCH,
     BAD_ARGUMENTS,
@@ -43,8 +44,6 @@ from cairn.persistence.events import (
     UserMessage,
 )
 from cairn.persistence.repair import outcome_unknown_text, repair_interrupted_turn
-
-from conversation_rules import KINDS, Violation, conversation_violations
 
 SYSTEM = {"role": "system", "content": "You are Cairn."}
 
@@ -467,12 +466,12 @@ def test_aborted_calls_after_a_cancelled_approval_pair_by_position():
 @pytest.mark.anyio
 async def test_the_real_loop_continues_after_an_http_error_and_invalid_json_past_a_strict_server(tmp_path):
     """Before rev 2 a real server refused the second prompt (two user messages) and the invalid arguments."""
-    from cairn.app.approval import headless_approver
-    from cairn.app.compose import open_agent
-    from cairn.app.config import resolve_config
-    from cairn.app.tools.registry import ToolRegistry, builtin_tools
-
     from openai_server import OpenAIServer, error, text, tool_calls
+
+    from cairn.app.agent.approval import headless_approver
+    from cairn.app.compose import open_agent
+    from cairn.app.config.resolver import resolve_config
+    from cairn.app.tools.registry import ToolRegistry, builtin_tools
 
     workspace = tmp_path / "ws"
     workspace.mkdir()

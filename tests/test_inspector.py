@@ -11,11 +11,11 @@ import sys
 import time
 
 import pytest
-
 from crash_harness import CAIRN, Rig
 from tui_helpers import CREATED, completed_turn, crashed_turn, make_world, wait_for, write_log
-from cairn.app.inspect_follow import JsonlTail, SqliteTail, open_tail
-from cairn.app.inspect_model import FilterError, InspectorModel, format_delta, parse_filter
+
+from cairn.app.inspect.follow import JsonlTail, SqliteTail, open_tail
+from cairn.app.inspect.model import FilterError, InspectorModel, format_delta, parse_filter
 from cairn.app.screens.inspector import EventTable, InspectorApp, InspectorScreen
 from cairn.persistence.events import (
     AssistantMessage,

@@ -7,8 +7,9 @@ from typing import Any
 
 import anyio
 import pytest
+from agent_helpers import script_agent, types
 
-from cairn.app.approval import ApprovalRequest, headless_approver
+from cairn.app.agent.approval import ApprovalRequest, headless_approver
 from cairn.app.tools.base import Tool, ToolContext
 from cairn.app.tools.registry import ToolRegistry, builtin_tools
 from cairn.persistence.events import (
@@ -17,8 +18,6 @@ from cairn.persistence.events import (
     ToolResult,
     TurnEnd,
 )
-
-from agent_helpers import script_agent, types
 
 pytestmark = pytest.mark.anyio
 

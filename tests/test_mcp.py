@@ -21,13 +21,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-
-from cairn.app.config import ConfigError, resolve_config
-from cairn.app.config_file import ConfigFileError, read_config_file
-from cairn.app.mcp_client import exposed_name, render_result, safety_from_annotations
-
 from acp_helpers import RecordingClient, agent_stderr, connect, prompt, rig_fixture, script_env, wait_for
 from crash_harness import Rig, json_lines, wait_until
+
+from cairn.app.config.file import ConfigFileError, read_config_file
+from cairn.app.config.resolver import ConfigError, resolve_config
+from cairn.app.tools.mcp import exposed_name, render_result, safety_from_annotations
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 rig = pytest.fixture(rig_fixture, name="rig")
@@ -107,8 +106,14 @@ def test_annotations_map_to_safety_classes_with_side_effecting_as_the_default():
 
 
 def test_results_keep_text_and_summarise_images_and_binary_resources():
-    from mcp.types import (BlobResourceContents, CallToolResult, EmbeddedResource, ImageContent, TextContent,
-                           TextResourceContents)
+    from mcp.types import (
+        BlobResourceContents,
+        CallToolResult,
+        EmbeddedResource,
+        ImageContent,
+        TextContent,
+        TextResourceContents,
+    )
 
     result = CallToolResult(content=[
         TextContent(type="text", text="hello"),
@@ -327,7 +332,7 @@ def test_streamable_http_server_with_a_bearer_token_from_the_environment(rig):
 async def test_ordered_teardown_stops_servers_after_the_loop_quiesces_and_before_persistence_closes(rig):
     """Leaving the composition mid-call: the loop cancels the turn while the server still answers (it records the
     cancellation), the closing events are written, and only then are the servers stopped; nothing is left running."""
-    from cairn.app.approval import headless_approver
+    from cairn.app.agent.approval import headless_approver
     from cairn.app.compose import open_agent
 
     record = rig.io / "record.jsonl"
@@ -403,11 +408,12 @@ async def test_acp_editor_servers_are_used_with_approval_by_class_and_sse_is_nam
 
 @pytest.mark.anyio
 async def test_the_tui_lists_mcp_servers_and_their_tools_with_slash_mcp(rig):
+    from tui_helpers import wait_for
+
     from cairn.app.tui import CairnApp
     from cairn.persistence.store import SessionStore
     from cairn.widgets.prompt_input import PromptInput
     from cairn.widgets.transcript import Notice, Transcript
-    from tui_helpers import wait_for
 
     env = configure(rig, server_table("tix"), "[mcp_servers.broken]\ncommand = \"/nonexistent/cairn-mcp\"\n")
     config = resolve_config(home=str(rig.home), workspace=str(rig.ws), provider="demo", env=rig.env(env))

@@ -7,8 +7,9 @@ from typing import Any, AsyncIterator
 
 import anyio
 import pytest
+from agent_helpers import ControlledOps, script_agent, types
 
-from cairn.app.hooks import Hooks, StreamContext
+from cairn.app.agent.hooks import Hooks, StreamContext
 from cairn.app.providers.base import ModelRequest, StreamEnd, TextDelta
 from cairn.app.tools.base import Tool, ToolContext
 from cairn.app.tools.registry import ToolRegistry, builtin_tools
@@ -22,8 +23,6 @@ from cairn.persistence.events import (
     TurnEnd,
     UserMessage,
 )
-
-from agent_helpers import ControlledOps, script_agent, types
 
 pytestmark = pytest.mark.anyio
 

@@ -21,9 +21,9 @@ from urllib.parse import quote
 
 import anyio
 import pytest
-
 from crash_harness import CAIRN
 from pg_helpers import connect_to, fresh_schema, private_server, schema_url
+
 from cairn.persistence.errors import (
     CheckpointFailed,
     CorruptLog,
@@ -469,7 +469,7 @@ async def test_a_profiles_database_is_used_by_run_show_and_sessions_without_a_pr
 
 
 async def test_database_url_precedence_is_flag_then_env_then_profile(tmp_path):
-    from cairn.app.config import resolve_config
+    from cairn.app.config.resolver import resolve_config
 
     config = team_config(tmp_path / "config.toml", "postgresql://cairn@profile.example:5432/team")
     for runs_model in (True, False):

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from cairn.app.approval import headless_approver
-from cairn.app.compose import open_agent
-from cairn.app.config import resolve_config
 from crash_harness import CAIRN, Rig, assert_contiguous, types
 from openai_server import OpenAIServer, error, malformed, raw, text, tool_calls
+
+from cairn.app.agent.approval import headless_approver
+from cairn.app.compose import open_agent
+from cairn.app.config.resolver import resolve_config
 from cairn.persistence.events import encode_event, event_type
 from cairn.persistence.jsonl import FileOps, JsonlBackend
 from cairn.persistence.sqlite import SqliteBackend

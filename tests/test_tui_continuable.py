@@ -8,16 +8,16 @@ from pathlib import Path
 from typing import AsyncIterator
 
 import pytest
+from openai_server import OpenAIServer, cut_off, error, text, tool_calls
+from tui_helpers import wait_for
 
-from cairn.app.config import resolve_config
+from cairn.app.config.resolver import resolve_config
 from cairn.app.tui import CairnApp
 from cairn.persistence.events import TurnEnd
 from cairn.persistence.store import SessionStore
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.reasoning import ReasoningBlock
 from cairn.widgets.status_bar import StatusBar
-from openai_server import OpenAIServer, cut_off, error, text, tool_calls
-from tui_helpers import wait_for
 
 pytestmark = pytest.mark.anyio
 

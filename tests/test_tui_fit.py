@@ -10,13 +10,13 @@ and where the view is.
 from __future__ import annotations
 
 import pytest
+from tui_helpers import completed_turn, crashed_turn, ended_turns, make_world, wait_for, write_log
 
 from cairn.persistence.events import AssistantChunk
-from cairn.widgets.answer_text import LIVE_LIMIT, Sealer, pieces_of
+from cairn.widgets.answer_pieces import LIVE_LIMIT, Sealer, pieces_of
+from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.tool_card import ToolCard
 from cairn.widgets.transcript import AssistantText, Transcript, UserPrompt
-from cairn.widgets.prompt_input import PromptInput
-from tui_helpers import completed_turn, crashed_turn, ended_turns, make_world, wait_for, write_log
 
 pytestmark = pytest.mark.anyio
 

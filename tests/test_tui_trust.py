@@ -20,10 +20,20 @@ import pytest
 from textual import events
 from textual.command import CommandPalette
 from textual.widgets import Input, OptionList, Static
+from tui_helpers import (
+    SIZE,
+    approval_ready,
+    crashed_turn,
+    ended_turns,
+    make_world,
+    results,
+    wait_for,
+    write_log,
+)
 
-from cairn.app.approval import Grants, command_prefix_covers
+from cairn.app.agent.approval import Grants, command_prefix_covers
+from cairn.app.agent.previews import preview_parts
 from cairn.app.history import PromptHistory, history_path, redact
-from cairn.app.previews import preview_parts
 from cairn.app.screens import approval as approval_module
 from cairn.app.screens.approval import ApprovalModal
 from cairn.app.screens.confirm import ConfirmDialog
@@ -43,16 +53,6 @@ from cairn.persistence.events import (
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.status_bar import StatusBar
 from cairn.widgets.transcript import Notice, Transcript
-from tui_helpers import (
-    SIZE,
-    approval_ready,
-    crashed_turn,
-    ended_turns,
-    make_world,
-    results,
-    wait_for,
-    write_log,
-)
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent_helpers import write_script
-from cairn.app.config import Config, resolve_config
+
+from cairn.app.config.resolver import Config, resolve_config
 from cairn.app.tui import CairnApp
 from cairn.persistence.events import (
     AnyEvent,

@@ -11,11 +11,12 @@ from typing import ClassVar
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderResult
-from rich.markdown import CodeBlock, Markdown as RichMarkdown, TableElement
+from rich.markdown import CodeBlock, TableElement
+from rich.markdown import Markdown as RichMarkdown
 from rich.syntax import Syntax
 from rich.table import Table
 
-from .answer_text import Piece, TableLook
+from .answer_pieces import Piece, TableLook
 
 
 class _Code(CodeBlock):

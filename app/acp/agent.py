@@ -42,7 +42,7 @@ until the client disconnects.
 
 MCP servers offered by the client (`mcpServers` of session/new and session/load; stdio and http, advertised in
 `mcpCapabilities`) start with the session beside those of the config file (an editor's server replaces a file's of the
-same name); their tools are `NAME__tool` with the safety class of their annotations (app/mcp_client.py). One agent
+same name); their tools are `NAME__tool` with the safety class of their annotations (app/tools/mcp.py). One agent
 message names what could not be used — an SSE or ACP-transport server, a server that failed to start — and stderr
 gets the same warning, so nothing offered is dropped silently. A session that is already open keeps the servers it
 was opened with.
@@ -54,9 +54,9 @@ import dataclasses
 import logging
 import os
 import time
-from urllib.parse import unquote, urlparse
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import unquote, urlparse
 
 import anyio
 import anyio.abc
@@ -65,9 +65,6 @@ from acp.helpers import update_available_commands, update_current_mode
 from acp.schema import (
     AgentCapabilities,
     AvailableCommand,
-    SessionConfigOptionSelect,
-    SessionConfigSelectOption,
-    SetSessionConfigOptionResponse,
     AvailableCommandInput,
     EmbeddedResourceContentBlock,
     Implementation,
@@ -80,9 +77,12 @@ from acp.schema import (
     PromptResponse,
     ResourceContentBlock,
     SessionCapabilities,
+    SessionConfigOptionSelect,
+    SessionConfigSelectOption,
     SessionInfo,
     SessionInfoUpdate,
     SessionListCapabilities,
+    SetSessionConfigOptionResponse,
     SetSessionModeResponse,
     StopReason,
     TextContentBlock,
@@ -90,13 +90,13 @@ from acp.schema import (
     UnstructuredCommandInput,
 )
 
-from cairn import __version__
 from cairn.persistence.errors import InvalidSessionId, PersistenceError, SessionExists, SessionLocked, SessionNotFound
 from cairn.persistence.events import MAX_TOKENS, UserMessage, usage_totals
 from cairn.persistence.store import OpenedSession, SessionStore
+from cairn.version import __version__
 
-from ..config import Config
-from ..loop import TurnResult
+from ..agent.loop import TurnResult
+from ..config.resolver import Config
 from ..render import USAGE_FIELDS, first_line, format_time, format_usage
 from .session import SessionHost, mode_state
 from .updates import attachment_name, looks_binary, replay, session_title, shown_prompt, wire
@@ -215,7 +215,7 @@ class CairnAgent:
         agent = host.agent
         if agent is None or agent.loop.busy:
             raise error(INVALID_PARAMS, "the profile is switched between turns: wait for this one to end")
-        from ..config import ConfigError, make_provider, provider_secrets
+        from ..config.resolver import ConfigError, make_provider, provider_secrets
         from ..slash_commands import profile_config
 
         try:
@@ -394,11 +394,11 @@ class CairnAgent:
 
 def with_editor_servers(config: Config, offered: list[Any] | None) -> tuple[Config, list[str]]:
     """The session's config with the editor's MCP servers added (replacing a config-file server of the same name), and
-    one line per offered server Cairn cannot use. mcp_client imports nothing heavy; the SDK loads only when a session
+    one line per offered server Cairn cannot use. tools/mcp.py imports nothing heavy; the SDK loads only when a session
     with servers starts."""
     if not offered:
         return config, []
-    from ..mcp_client import from_editor
+    from ..tools.mcp import from_editor
 
     servers, skipped = from_editor(offered)
     editor_names = {s.name for s in servers}
@@ -466,7 +466,7 @@ AS_STARTED = "(as started)"
 
 def profile_options(host: SessionHost) -> list[SessionConfigOptionSelect] | None:
     """The config file's profiles as a `profile` select option (ACP session config options), or None without any."""
-    from ..config_file import ConfigFileError, read_config_file
+    from ..config.file import ConfigFileError, read_config_file
 
     agent = host.agent
     config = (agent.config if agent is not None and agent.config is not None else None) or host.config

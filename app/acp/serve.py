@@ -35,7 +35,7 @@ import acp
 import anyio
 from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
 
-from ..config import Config, ConfigError, make_provider
+from ..config.resolver import Config, ConfigError, make_provider
 from .agent import CairnAgent
 
 log = logging.getLogger("cairn.acp")

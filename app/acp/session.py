@@ -39,10 +39,10 @@ from cairn.persistence.events import AnyEvent, AssistantMessage, Decision, Recov
 from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.store import OpenedSession
 
-from ..approval import ApprovalRequest
+from ..agent.approval import ApprovalRequest
+from ..agent.loop import TurnResult
 from ..compose import Agent, open_agent
-from ..config import Config
-from ..loop import TurnResult
+from ..config.resolver import Config
 from .updates import LiveView, call_content, tool_kind, tool_locations, tool_title, wire
 
 log = logging.getLogger("cairn.acp")

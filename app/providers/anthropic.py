@@ -6,7 +6,7 @@ messages with secrets scrubbed, `Retry-After`) is inherited; what differs is wri
 - Request: `POST <base_url>/v1/messages` with `x-api-key` and `anthropic-version`; the system prompt goes in `system`;
   tools as `{name, description, input_schema}`; `max_tokens` is always sent (the API requires it); `thinking` is sent
   when a thinking budget is set (`thinking_budget`, or `reasoning_effort` low/medium/high mapped onto one).
-- Conversation: the loop's conversation is OpenAI-shaped (`app/transcript.py`); `to_anthropic()` turns it into
+- Conversation: the loop's conversation is OpenAI-shaped (`app/agent/transcript.py`); `to_anthropic()` turns it into
   Messages blocks. Roles alternate strictly (consecutive messages of one role are merged), the answers to an
   assistant's `tool_use` blocks are `tool_result` blocks at the start of the next user message, ids and tool names are
   made to fit the API's pattern (the same way on both sides), and arguments are sent back as objects.
@@ -41,10 +41,10 @@ from .openai import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT,
     OpenAIProvider,
-    _count,
-    _error_detail,
-    _truncate,
+    count_or_none,
+    error_detail,
     normalize_finish_reason,
+    one_line_cut,
 )
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -142,16 +142,16 @@ class AnthropicProvider(OpenAIProvider):
         try:
             event = json.loads(data)
         except ValueError:
-            raise self._malformed(f"a data line is not JSON: {_truncate(self._scrub(data), 120)}") from None
+            raise self._malformed(f"a data line is not JSON: {one_line_cut(self._scrub(data), 120)}") from None
         if not isinstance(event, dict):
             raise self._malformed("an event is not a JSON object")
         answer: _Answer = state.anthropic
         kind = event.get("type")
         if kind == "error":
             error = event.get("error") if isinstance(event.get("error"), dict) else {}
-            detail = error.get("message") or _error_detail(json.dumps(event)) or "unknown error"
+            detail = error.get("message") or error_detail(json.dumps(event)) or "unknown error"
             raise self._error(
-                f"{self._shown_url} reported an error: {error.get('type', 'error')}: {_truncate(self._scrub(str(detail)))}",
+                f"{self._shown_url} reported an error: {error.get('type', 'error')}: {one_line_cut(self._scrub(str(detail)))}",
                 "STREAM_ERROR",
                 retryable=error.get("type") in RETRYABLE_ERRORS and not state.started,
             )
@@ -184,7 +184,7 @@ class AnthropicProvider(OpenAIProvider):
         try:
             data = json.loads(raw)
         except ValueError:
-            snippet = _truncate(self._scrub(raw.decode("utf-8", "replace")), 120)
+            snippet = one_line_cut(self._scrub(raw.decode("utf-8", "replace")), 120)
             raise self._malformed(f"the answer is not JSON: {snippet}") from None
         if not isinstance(data, dict) or not isinstance(data.get("content"), list):
             raise self._malformed("the answer is not a message with content")
@@ -213,7 +213,7 @@ class _Answer:
     def add_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
             for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-                value = _count(usage.get(key))
+                value = count_or_none(usage.get(key))
                 if value is not None:
                     self.usage[key] = value
 

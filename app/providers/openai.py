@@ -34,7 +34,7 @@ Decisions worth knowing:
   stream), `NETWORK` (any other transport failure). `retryable` is set for the statuses in `RETRYABLE_STATUSES`, and
   for connection failures, timeouts and lost connections before the first chunk of the answer (nothing was shown, so
   sending the request again duplicates nothing). `retry_after` comes from `Retry-After` (seconds or an HTTP date) or
-  `retry-after-ms`, capped at 60 s. The retry loop itself lives in `app/loop.py`.
+  `retry-after-ms`, capped at 60 s. The retry loop itself lives in `app/agent/loop.py`.
 - Timeouts: `timeout` is a number of seconds (read/write/pool; connect is capped at 10 s; None or <= 0 means no limit
   but the 10 s connect limit) or an `httpx.Timeout`. The read timeout applies to each wait for bytes, so a server that
   hangs (before or during the stream) ends the stream with a `TIMEOUT` error. The caller reads `CAIRN_TIMEOUT`; this
@@ -114,7 +114,7 @@ def normalize_finish_reason(value: Any) -> str | None:
     return FINISH_REASONS.get(str(value).strip().lower(), "other")
 
 
-def _is_secret_name(name: str) -> bool:
+def is_secret_name(name: str) -> bool:
     norm = name.strip().lower().replace("-", "_")
     return norm in _SECRET_NAMES or norm.endswith(_SECRET_SUFFIXES)
 
@@ -133,7 +133,7 @@ def _url_credentials(url: str) -> list[str]:
             found += [piece, unquote(piece)]
     for item in parts.query.split("&"):
         name, eq, value = item.partition("=")
-        if eq and value and _is_secret_name(unquote_plus(name)):
+        if eq and value and is_secret_name(unquote_plus(name)):
             found += [value, unquote_plus(value)]
     return found
 
@@ -152,7 +152,7 @@ def redact_url(url: str) -> str:
     query_items = []
     for item in parts.query.split("&") if parts.query else []:
         name, eq, value = item.partition("=")
-        if eq and value and _is_secret_name(unquote_plus(name)):
+        if eq and value and is_secret_name(unquote_plus(name)):
             item = f"{name}=***"
         query_items.append(item)
     query = "&".join(query_items)
@@ -165,7 +165,7 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _truncate(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+def one_line_cut(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     text = _one_line(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -211,7 +211,7 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
     return min(max(seconds, 0.0), MAX_RETRY_AFTER)
 
 
-def _count(value: Any) -> int | None:
+def count_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
@@ -224,14 +224,14 @@ def parse_usage(obj: Any) -> Usage | None:
     prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
     completion_details = obj.get("completion_tokens_details")
     completion_details = completion_details if isinstance(completion_details, dict) else {}
-    cached = _count(prompt_details.get("cached_tokens"))
+    cached = count_or_none(prompt_details.get("cached_tokens"))
     if cached is None:
-        cached = _count(obj.get("prompt_cache_hit_tokens"))
+        cached = count_or_none(obj.get("prompt_cache_hit_tokens"))
     usage = Usage(
-        input_tokens=_count(obj.get("prompt_tokens")),
-        output_tokens=_count(obj.get("completion_tokens")),
+        input_tokens=count_or_none(obj.get("prompt_tokens")),
+        output_tokens=count_or_none(obj.get("completion_tokens")),
         cached_tokens=cached,
-        reasoning_tokens=_count(completion_details.get("reasoning_tokens")),
+        reasoning_tokens=count_or_none(completion_details.get("reasoning_tokens")),
     )
     if usage == Usage():
         return None
@@ -326,7 +326,7 @@ class OpenAIProvider:
         found: list[str] = [self._api_key] if self._api_key else []
         found += [v for v in _url_credentials(self.base_url) if len(v) >= MIN_SECRET_CHARS]
         for name, value in self.extra_headers.items():
-            if _is_secret_name(name) or "key" in name.lower() or "token" in name.lower():
+            if is_secret_name(name) or "key" in name.lower() or "token" in name.lower():
                 value = str(value)
                 found.append(value)
                 scheme, _, rest = value.partition(" ")
@@ -485,12 +485,12 @@ class OpenAIProvider:
         except httpx.HTTPError:
             pass  # the status is what matters; the body is a courtesy
         text = bytes(raw).decode("utf-8", errors="replace")
-        detail = _error_detail(text)
+        detail = error_detail(text)
         status = response.status_code
         reason = response.reason_phrase or ""
         message = f"HTTP {status}{(' ' + reason) if reason else ''} from {self._shown_url}"
         if detail:
-            message += f": {_truncate(self._scrub(detail))}"
+            message += f": {one_line_cut(self._scrub(detail))}"
         return self._error(
             message,
             f"HTTP_{status}",
@@ -507,7 +507,7 @@ class OpenAIProvider:
         try:
             data = json.loads(raw)
         except ValueError:
-            snippet = _truncate(self._scrub(raw.decode("utf-8", "replace")), 120)
+            snippet = one_line_cut(self._scrub(raw.decode("utf-8", "replace")), 120)
             raise self._malformed(f"the answer is not JSON: {snippet}") from None
         if not isinstance(data, dict):
             raise self._malformed("the answer is not a JSON object")
@@ -583,7 +583,7 @@ class OpenAIProvider:
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise self._malformed(f"a data line is not JSON: {_truncate(self._scrub(data), 120)}") from None
+            raise self._malformed(f"a data line is not JSON: {one_line_cut(self._scrub(data), 120)}") from None
         if not isinstance(chunk, dict):
             raise self._malformed("a chunk is not a JSON object")
         self._check_error_payload(chunk, state)
@@ -624,14 +624,14 @@ class OpenAIProvider:
         no chunk of the answer came before it (OpenRouter reports upstream overloads this way)."""
         error = payload.get("error")
         if error:
-            detail = _error_detail(json.dumps({"error": error})) or "unknown error"
+            detail = error_detail(json.dumps({"error": error})) or "unknown error"
             status = error.get("code") if isinstance(error, dict) else None
             try:
                 status = int(status) if status is not None and not isinstance(status, bool) else None
             except (TypeError, ValueError):
                 status = None
             raise self._error(
-                f"{self._shown_url} reported an error: {_truncate(self._scrub(detail))}",
+                f"{self._shown_url} reported an error: {one_line_cut(self._scrub(detail))}",
                 "STREAM_ERROR",
                 retryable=status in RETRYABLE_STATUSES and not state.started,
             )
@@ -712,7 +712,7 @@ async def _collect(items: AsyncIterator[StreamItem]) -> list[StreamItem]:
     return [item async for item in items]
 
 
-def _error_detail(text: str) -> str:
+def error_detail(text: str) -> str:
     """The server's error message from an error body (`error.message`, `error` as text, `message`, `detail`), or the
     body's text itself."""
     text = text.strip()

@@ -6,7 +6,7 @@ whatever letter came next (it happened: an `s` granted every later command). So 
 opening, and every key of a typing burst that began then (keys under TYPING_GAP apart, however long it goes on), and any
 key that is not one of the modal's own, go back to the prompt in order (the app routes them, see `CairnApp.on_event`);
 only a deliberate key after the typing stopped decides. A mouse click on a choice is held to the same rule: one pressed
-within OPEN_GRACE of the opening or during a typing burst is dropped (the modal says so) and decides nothing. The preview (`app/previews.py`) scrolls on its own while the
+within OPEN_GRACE of the opening or during a typing burst is dropped (the modal says so) and decides nothing. The preview (`app/agent/previews.py`) scrolls on its own while the
 choices stay on screen whatever its length.
 """
 
@@ -24,9 +24,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ..approval import ApprovalAnswer, ApprovalRequest, first_word
-from ..previews import preview_parts, render_parts
 from cairn.widgets.terminal_text import safe_text
+
+from ..agent.approval import ApprovalAnswer, ApprovalRequest, first_word
+from ..agent.previews import preview_parts, render_parts
 
 OPEN_GRACE = 0.4  # seconds after the modal opens during which no key decides it
 TYPING_GAP = 0.3  # keys closer together than this are one typing burst

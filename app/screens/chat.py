@@ -22,28 +22,33 @@ from textual.widget import MountError
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ..approval import ApprovalAnswer, ApprovalRequest
-from ..compose import Agent, mount_agent
-from ..config import Config
-from ..history import PromptHistory, history_path
-from .. import quiet_gc, slash_commands
-from ..loop import TurnResult
-from ..providers.base import Provider
-from cairn.widgets.terminal_text import safe_text
-from ..tools.registry import builtin_safety
 from cairn.persistence.events import (
-    AnyEvent, ApprovalDecided, AssistantMessage, RecoveryVerdict, StepEnd, TurnEnd, TurnStart,
+    AnyEvent,
+    ApprovalDecided,
+    AssistantMessage,
+    RecoveryVerdict,
+    StepEnd,
+    TurnEnd,
+    TurnStart,
 )
 from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.session import LiveSession
 from cairn.widgets.persistence_service import PersistenceService
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.status_bar import StatusBar, TokenTotals
+from cairn.widgets.terminal_text import safe_text
 from cairn.widgets.transcript import Notice, Transcript
 
+from .. import quiet_gc, slash_commands
+from ..agent.approval import ApprovalAnswer, ApprovalRequest
+from ..agent.loop import TurnResult
+from ..compose import Agent, mount_agent
+from ..config.resolver import Config
+from ..history import PromptHistory, history_path
+from ..providers.base import Provider
+from ..tools.registry import builtin_safety
 from .approval import ApprovalModal
 from .help import HelpScreen
-
 
 WELCOME = (
     "New session {id} ({provider}). Type a prompt: Enter sends, Ctrl+J adds a line, ↑ recalls earlier prompts, "
@@ -371,8 +376,8 @@ class ChatScreen(Screen[None]):
     async def _switch_profile(self, name: str, say: Any) -> bool:
         """`/model PROFILE`: the config file's profile from the next turn (provider, endpoint, model), recorded in the
         next request/header. False when `name` is no profile (it is then a model name)."""
-        from ..config import ConfigError, make_provider
-        from ..config import provider_secrets as secrets_of
+        from ..config.resolver import ConfigError, make_provider
+        from ..config.resolver import provider_secrets as secrets_of
         from ..slash_commands import profile_config
 
         try:

@@ -5,7 +5,7 @@ The table is a Line API widget (`ScrollView`): it renders only the rows on scree
 Columns: barrier mark (the margin), seq, time since the previous event and since the turn started, type, turn.step,
 call id (when the terminal is wide enough), and a one-line summary; colours by kind (request, tool, result, error,
 recovery). Separator lines show each turn's start, where the log ended in a crash, and a torn tail. What the rows mean is
-computed in `inspect_model` (no Textual there); following a live session in `inspect_follow`.
+computed in `app/inspect/model.py` (no Textual there); following a live session in `app/inspect/follow.py`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 from rich.cells import cell_len, set_cell_size
 from rich.console import Group
+from rich.json import JSON
 from rich.segment import Segment
 from rich.style import Style
-from rich.json import JSON
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
@@ -32,10 +32,11 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Footer, Input, Static
 
-from ..inspect_model import Filter, FilterError, InspectorModel, View, format_delta, parse_filter
-from cairn.widgets.terminal_text import safe_text
 from cairn.persistence.errors import PersistenceError
 from cairn.persistence.store import SessionStore
+from cairn.widgets.terminal_text import safe_text
+
+from ..inspect.model import Filter, FilterError, InspectorModel, View, format_delta, parse_filter
 
 KIND_STYLES = {
     "boundary": Style(bold=True),
@@ -472,7 +473,7 @@ class InspectorScreen(Screen[None]):
         m = self.model
         try:
             if self._tail is None:
-                from ..inspect_follow import open_tail
+                from ..inspect.follow import open_tail
 
                 self._tail = await anyio.to_thread.run_sync(open_tail, self.store, m.session_id, len(m.stored))
             new, holder = await anyio.to_thread.run_sync(self._tail.poll)

@@ -28,9 +28,6 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Label, Markdown, Static
 
-from ..previews import preview_parts, render_parts
-from ..render import summarize_arguments
-from cairn.widgets.terminal_text import safe_text
 from cairn.persistence.events import (
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
@@ -43,11 +40,13 @@ from cairn.persistence.events import (
     TurnStart,
     UserMessage,
 )
-from ..tools.registry import builtin_safety
 from cairn.persistence.repair import recovered_calls
+from cairn.widgets.terminal_text import safe_text
 
+from ..agent.previews import preview_parts, render_parts
+from ..render import summarize_arguments
+from ..tools.registry import builtin_safety
 from .verdict import VerdictDialog
-
 
 
 @dataclass

@@ -71,7 +71,7 @@ async def _in_thread(func: Callable[..., str], *args: Any, abandon_on_cancel: bo
         raise ToolFailure(f"{exc.strerror or exc}{where}") from exc
 
 
-def _is_binary(head: bytes) -> bool:
+def looks_binary(head: bytes) -> bool:
     return b"\x00" in head
 
 
@@ -115,7 +115,7 @@ def _open_regular(found: Located) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def _read_regular(found: Located) -> bytes:
+def read_regular_file(found: Located) -> bytes:
     fd, _ = _open_regular(found)
     with os.fdopen(fd, "rb") as f:
         return f.read()
@@ -203,7 +203,7 @@ def _read_file(args: dict[str, Any], workspace: Path) -> str:
     at_line_start = True
     stop: str | None = None  # why reading stopped early: "limit" or "size"
     with os.fdopen(fd, "rb") as f:
-        if _is_binary(f.read(BINARY_SNIFF_BYTES)):
+        if looks_binary(f.read(BINARY_SNIFF_BYTES)):
             raise ToolFailure(f"{shown} looks like a binary file ({size} bytes); it is not shown")
         f.seek(0)
         while True:
@@ -324,7 +324,7 @@ def _search_text(args: dict[str, Any], workspace: Path) -> str:
                     except OSError:
                         skipped += 1
                         continue
-                if _is_binary(data[:BINARY_SNIFF_BYTES]):
+                if looks_binary(data[:BINARY_SNIFF_BYTES]):
                     continue
                 for number, text in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
                     remaining = deadline - time.monotonic()
@@ -406,7 +406,7 @@ def _write_file(args: dict[str, Any], workspace: Path) -> str:
         assert found.name is not None
         if found.st is not None:
             _refuse_irregular(shown, found.st.st_mode)
-            if found.st.st_size == len(data) and _read_regular(found) == data:
+            if found.st.st_size == len(data) and read_regular_file(found) == data:
                 return f"wrote {len(data)} bytes to {shown} (the file already had exactly this content)"
         atomic_write(found.dir_fd, found.name, data)
     return f"wrote {len(data)} bytes to {shown}"
@@ -440,8 +440,8 @@ def _edit_file(args: dict[str, Any], workspace: Path) -> str:
             if found.st is None:
                 raise ToolFailure(f"no such file: {shown} (use write_file to create a file)")
             assert found.name is not None
-            data = _read_regular(found)
-            if _is_binary(data[:BINARY_SNIFF_BYTES]):
+            data = read_regular_file(found)
+            if looks_binary(data[:BINARY_SNIFF_BYTES]):
                 raise ToolFailure(f"{shown} looks like a binary file; edit_file only edits text")
             try:
                 text = data.decode("utf-8")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from cairn.persistence.codec import _ignorable_or_refuse
+from cairn.persistence.codec import ignorable_or_refuse
 from cairn.persistence.errors import CorruptLog, StoreUnavailable
 from cairn.persistence.events import AnyEvent, event_decoder
 from cairn.persistence.locks import lock_holder, probe_flock
@@ -34,7 +34,7 @@ def decode_line(line: bytes, where: str, line_no: int) -> AnyEvent:
     try:
         return event_decoder.decode(line)
     except msgspec.ValidationError as e:
-        return _ignorable_or_refuse(line, where, line_no, e)
+        return ignorable_or_refuse(line, where, line_no, e)
     except msgspec.DecodeError:
         raise CorruptLog(where, line_no, "the line is not valid JSON") from None
 

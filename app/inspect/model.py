@@ -49,7 +49,7 @@ from cairn.persistence.events import (
 )
 from cairn.persistence.repair import repair_interrupted_turn
 
-from .render import first_line, format_usage, result_status, summarize_arguments
+from ..render import first_line, format_usage, result_status, summarize_arguments
 
 RECOVERED_CODES = (TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN)
 KINDS = ("boundary", "prompt", "request", "tool", "result", "error", "recovery", "other")

@@ -13,16 +13,16 @@ file.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
-from urllib.parse import urlsplit
 
 from cairn.persistence.store import BACKENDS
+
+from .checks import ConfigError, check_base_url, check_database_url, describe_database_url, is_local_url
 
 PROVIDERS = ("demo", "script", "openai", "anthropic")
 DEFAULT_MAX_TOKENS = 8192
@@ -36,10 +36,6 @@ PROVIDER_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_AP
 # continues with another provider does not take them
 ENDPOINT_SETTINGS = ("base_url", "api_key_env", "api_key_header", "headers", "extra_body", "tool_choice",
                      "parallel_tool_calls", "reasoning_effort", "thinking_budget", "include_usage")
-
-
-class ConfigError(ValueError):
-    """A bad option, environment value or config file; exit code 2."""
 
 
 def default_home() -> Path:
@@ -89,7 +85,7 @@ class Config:
     include_usage: bool = True
     context_window: int | None = None
     thinking_budget: int | None = None
-    # MCP servers this session starts (config file `[mcp_servers.NAME]`, plus an editor's in ACP): mcp_client configs
+    # MCP servers this session starts (config file `[mcp_servers.NAME]`, plus an editor's in ACP): tools.mcp configs
     mcp_servers: tuple[Any, ...] = ()
     # setting -> where its value came from: "flag --model", "env CAIRN_MODEL", "profile NAME", "default"
     sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -247,7 +243,7 @@ class _Picker:
 
 
 def _load_file(option: str | None, env: Mapping[str, str], real_env: bool):  # -> (ConfigFile | None, source)
-    from .config_file import ConfigFileError, read_config_file
+    from .file import ConfigFileError, read_config_file
 
     if option:
         path, named = Path(option).expanduser(), "--config"
@@ -270,7 +266,7 @@ def _load_file(option: str | None, env: Mapping[str, str], real_env: bool):  # -
 
 
 def _choose_profile(file: Any, option: str | None, env: Mapping[str, str]):  # -> (Profile | None, source)
-    from .config_file import ConfigFileError
+    from .file import ConfigFileError
 
     if option:
         name, how = option, "--profile"
@@ -333,57 +329,6 @@ def _parse_word(raw: Any, name: str) -> str:
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", raw):
         raise ConfigError(f"{name} must be a single word such as low, medium or high, not {raw[:40]!r}")
     return raw
-
-
-def check_database_url(url: str | None) -> None:
-    """The postgres backend needs a libpq URL (or key=value conninfo); the message never repeats it (it may hold a
-    password)."""
-    if not url or not url.strip():
-        raise ConfigError("the postgres backend needs a database: pass --database-url, set CAIRN_DATABASE_URL or give "
-                          "the profile a database_url, e.g. postgresql://cairn@db.example:5432/cairn")
-    if "://" in url and not url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError("--database-url / CAIRN_DATABASE_URL must be a postgresql:// URL, "
-                          "e.g. postgresql://cairn@db.example:5432/cairn")
-
-
-def describe_database_url(url: str | None) -> str | None:
-    """The database URL as it may be shown: scheme, host, port and database; never the user's password or options."""
-    if not url:
-        return None
-    parts = urlsplit(url) if "://" in url else None
-    if parts is None:
-        return "(a key=value connection string)"
-    try:
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        port = ""
-    return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path}"
-
-
-def check_base_url(url: str, name: str) -> None:
-    """An http(s) URL with a host; the message never repeats the URL (it may carry credentials)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ConfigError(f"{name} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080/v1")
-
-
-def is_local_url(url: str) -> bool:
-    """Loopback servers (llama.cpp, Ollama, vLLM on this machine) and plain-http ones need no key."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    if parts.scheme == "http":
-        return True
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def last_request_header(events: Iterable[Any]) -> Any | None:
@@ -457,25 +402,25 @@ def make_provider(config: Config):  # -> Provider
 
     A missing key for a hosted endpoint, and proxy settings httpx cannot use, are configuration errors (exit 2)."""
     if config.provider == "demo":
-        from .providers.demo import DemoProvider
+        from ..providers.demo import DemoProvider
 
         return DemoProvider(config.model, delay=config.demo_delay)
     if config.provider == "script":
         if not config.script:
             raise ConfigError("the script provider needs a script: pass --script FILE or set CAIRN_SCRIPT")
-        from .providers.script import ScriptError, ScriptProvider
+        from ..providers.script import ScriptError, ScriptProvider
 
         try:
             return ScriptProvider(config.script, config.model)
         except ScriptError as e:
             raise ConfigError(str(e)) from None
     if config.provider == "anthropic":
-        from .providers import anthropic as module
+        from ..providers import anthropic as module
 
         cls, default_model = module.AnthropicProvider, DEFAULT_ANTHROPIC_MODEL
         extra: dict[str, Any] = {"thinking_budget": config.thinking_budget}
     else:
-        from .providers import openai as module
+        from ..providers import openai as module
 
         cls, default_model = module.OpenAIProvider, DEFAULT_OPENAI_MODEL
         extra = {"include_usage": config.include_usage}
@@ -487,7 +432,7 @@ def make_provider(config: Config):  # -> Provider
 
 
 def _require_key(config: Config, url: str) -> None:
-    from .providers.openai import redact_url
+    from ..providers.openai import redact_url
 
     if config.api_key or is_local_url(url):
         return

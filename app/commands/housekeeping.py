@@ -26,8 +26,8 @@ from cairn.persistence.events import (
     encode_event,
 )
 
-from .exit_codes import EXIT_LOCKED, EXIT_OK
-from .render import fence, format_time, summarize_arguments
+from ..exit_codes import EXIT_LOCKED, EXIT_OK, exit_code_for, fail
+from ..render import fence, format_time, summarize_arguments
 
 RECOVERY_WORDS = {TOOL_OUTCOME_UNKNOWN: "OUTCOME_UNKNOWN", TOOL_NOT_STARTED: "NOT_STARTED"}
 
@@ -36,8 +36,6 @@ def rm_command(args: argparse.Namespace, store: Any) -> int:
     """Delete each named session; a live or unknown one is reported and the others are still deleted. The exit code
     is the worst one met (3 for a live session, 2 for an unknown id)."""
     from cairn.persistence.errors import PersistenceError, SessionLocked
-
-    from .cli import exit_code_for, fail
     from cairn.widgets.terminal_text import safe_text
 
     worst = EXIT_OK

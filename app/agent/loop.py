@@ -31,8 +31,8 @@ from cairn.persistence.events import (
     DENIED,
     MAX_TOKENS,
     TOOL_ERROR,
-    TRUNCATED,
     TOOL_OUTCOME_UNKNOWN,
+    TRUNCATED,
     UNKNOWN_TOOL,
     ApprovalAsked,
     ApprovalDecided,
@@ -58,6 +58,9 @@ from cairn.persistence.events import (
 )
 from cairn.persistence.session import LiveSession
 
+from ..providers.base import ModelRequest, Provider, ProviderError, RawToolCall, ReasoningDelta, StreamEnd, TextDelta
+from ..tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
+from ..tools.registry import ToolRegistry
 from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answer, headless_approver, needs_approval
 from .compaction import (
     COMPACT_AT,
@@ -69,9 +72,6 @@ from .compaction import (
     summary_request,
 )
 from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext, nothing
-from .providers.base import ModelRequest, Provider, ProviderError, RawToolCall, ReasoningDelta, StreamEnd, TextDelta
-from .tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
-from .tools.registry import ToolRegistry
 from .transcript import Transcript
 
 log = logging.getLogger("cairn.loop")

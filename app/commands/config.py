@@ -9,15 +9,16 @@ import json
 import sys
 from typing import Any
 
-from .config import (
+from cairn.widgets.terminal_text import safe_text
+
+from ..config.resolver import (
     DEFAULT_ANTHROPIC_MODEL,
     DEFAULT_OPENAI_MODEL,
     Config,
     default_config_path,
     describe_database_url,
 )
-from .exit_codes import EXIT_OK
-from cairn.widgets.terminal_text import safe_text
+from ..exit_codes import EXIT_OK
 
 DEFAULT_MODELS = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC_MODEL}
 DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
@@ -28,7 +29,7 @@ REMOTE_ONLY = ("base_url", "api_key", "api_key_env", "api_key_header", "headers"
 
 def settings(config: Config) -> list[tuple[str, Any, str]]:
     """(name, shown value, source) for every setting, secrets masked."""
-    from .providers.openai import _is_secret_name, redact_url
+    from ..providers.openai import is_secret_name, redact_url
 
     src = config.sources
     rows: list[tuple[str, Any, str]] = []
@@ -59,7 +60,7 @@ def settings(config: Config) -> list[tuple[str, Any, str]]:
     rows.append(("api_key", "***" if config.api_key else None, src.get("api_key", "default")))
     rows.append(("api_key_header", config.api_key_header or ("x-api-key" if config.provider == "anthropic"
                                                               else "authorization"), src.get("api_key_header", "default")))
-    headers = {k: ("***" if _is_secret_name(k) or "key" in k.lower() or "token" in k.lower() else v)
+    headers = {k: ("***" if is_secret_name(k) or "key" in k.lower() or "token" in k.lower() else v)
                for k, v in config.headers.items()}
     for name, value in (
         ("max_tokens", config.max_tokens), ("timeout", config.timeout), ("max_retries", config.max_retries),

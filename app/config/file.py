@@ -14,7 +14,7 @@ did nothing would be worse than an error. Keys are never read from the file (it 
 commit and paste into issues): `api_key = …`, or an authorization header with a literal value, is refused with a
 message naming `api_key_env`, which says which environment variable holds the key.
 
-This module reads no environment and imports nothing heavy; `app/config.py` decides precedence.
+This module reads no environment and imports nothing heavy; `resolver.py` decides precedence.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from .checks import ConfigError, check_base_url
 
 PROVIDER_NAMES = ("openai", "anthropic", "demo", "script")
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"})
@@ -48,7 +50,7 @@ class ConfigFile:
     path: Path
     default_profile: str | None = None
     profiles: dict[str, Profile] = field(default_factory=dict)
-    mcp_servers: dict[str, Any] = field(default_factory=dict)  # NAME -> mcp_client.McpServerConfig
+    mcp_servers: dict[str, Any] = field(default_factory=dict)  # NAME -> tools.mcp.McpServerConfig
 
     def profile(self, name: str, how: str) -> Profile:
         """The profile called `name`; `how` says who asked for it (for the error)."""
@@ -116,8 +118,6 @@ def _env_name(value: Any) -> str:
 
 
 def _url(value: Any) -> str:
-    from .config import ConfigError, check_base_url
-
     if not isinstance(value, str):
         raise ValueError("must be a string")
     try:
@@ -265,7 +265,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> ConfigFile
     if not isinstance(servers, dict):
         raise ConfigFileError(where.error(["mcp_servers"], "must be a table of [mcp_servers.NAME] sections"))
     if servers:
-        from .mcp_client import McpConfigError, parse_server_table
+        from ..tools.mcp import McpConfigError, parse_server_table
 
         for name, body in servers.items():
             try:

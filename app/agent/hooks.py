@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 if TYPE_CHECKING:
     from cairn.persistence.session import LiveSession
 
-    from .providers.base import ModelRequest
+    from ..providers.base import ModelRequest
 
 
 @dataclass

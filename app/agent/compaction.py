@@ -28,7 +28,7 @@ from cairn.persistence.events import (
     ToolResult,
 )
 
-from .providers.base import ProviderError
+from ..providers.base import ProviderError
 
 DEFAULT_CONTEXT_WINDOW = 128_000
 COMPACT_AT = 0.85  # of the window: leave room for the answer and for the estimate being rough
@@ -72,7 +72,7 @@ def context_window_for(model: str | None, env: Mapping[str, str] | None = None) 
     env = os.environ if env is None else env
     raw = (env.get("CAIRN_CONTEXT_WINDOW") or "").strip()
     if raw:
-        from .config import ConfigError
+        from ..config.resolver import ConfigError
 
         if not raw.isdigit() or int(raw) < 1024:
             raise ConfigError(f"CAIRN_CONTEXT_WINDOW must be a whole number of tokens >= 1024, not {raw[:40]!r}")

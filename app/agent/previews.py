@@ -46,9 +46,9 @@ def lexer_for(path: str) -> str:
 
 def current_text(workspace: Path, path: str) -> tuple[str | None, str]:
     """(content, note): the file's text as the tools would read it, or None with why (missing is not an error)."""
-    from .tools.base import ToolFailure
-    from .tools.files import BINARY_SNIFF_BYTES, _is_binary, _read_regular
-    from .tools.workspace import MissingPath, locate
+    from ..tools.base import ToolFailure
+    from ..tools.files import BINARY_SNIFF_BYTES, looks_binary, read_regular_file
+    from ..tools.workspace import MissingPath, locate
 
     try:
         with locate(workspace, path) as found:
@@ -58,12 +58,12 @@ def current_text(workspace: Path, path: str) -> tuple[str | None, str]:
                 return None, "new file"
             if found.st.st_size > PREVIEW_BYTES:
                 return None, f"the current file is {found.st.st_size:,} bytes: too large to diff here"
-            data = _read_regular(found)
+            data = read_regular_file(found)
     except MissingPath:
         return None, "new file"
     except (ToolFailure, OSError) as e:
         return None, f"the current content cannot be read: {e}"
-    if _is_binary(data[:BINARY_SNIFF_BYTES]):
+    if looks_binary(data[:BINARY_SNIFF_BYTES]):
         return None, "the current file is binary"
     return data.decode("utf-8", errors="replace"), ""
 

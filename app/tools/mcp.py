@@ -51,7 +51,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from .tools.base import Safety, Tool, ToolContext, ToolFailure, truncate_output
+from .base import Safety, Tool, ToolContext, ToolFailure, truncate_output
 
 log = logging.getLogger("cairn.mcp")
 
@@ -99,7 +99,7 @@ class McpServerConfig:
 
 
 class McpConfigError(ValueError):
-    """A bad `[mcp_servers.NAME]` table: `keys` below the table name and a message (config_file adds file and line)."""
+    """A bad `[mcp_servers.NAME]` table: `keys` below the table name and a message (config.file adds file and line)."""
 
     def __init__(self, keys: list[str], message: str) -> None:
         super().__init__(message)
@@ -394,7 +394,7 @@ class _Connection:
         import mcp
         from mcp.types import Implementation
 
-        from cairn import __version__
+        from cairn.version import __version__
 
         try:
             with self._scope:

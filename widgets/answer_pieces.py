@@ -1,0 +1,183 @@
+"""Cutting an answer's Markdown into pieces that can each be rendered once (no Textual here).
+
+Pieces end at boundaries where Markdown allows it — blank lines, between top-level list items, between table rows,
+between lines of a code block, between lines of a long paragraph. A code block cut in two is closed and reopened, and a
+table cut between rows keeps one set of column widths (`TableLook`) and one header, so the pieces render without a seam.
+`answer_text.py` draws them; `answer_markdown.py` renders one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+LIVE_LIMIT = 1000  # characters in the live piece before its finished part is sealed
+LIST_ITEM = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
+FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
+TABLE_DELIM = re.compile(r"\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?\s*$")
+SETEXT = re.compile(r" {0,3}(?:=+|-+)\s*$")
+MAX_COLUMN = 40  # a frozen table column is never wider than this (longer cells wrap)
+
+
+@dataclass
+class TableLook:
+    """How a table that spans pieces is drawn in each of them: fixed column widths, the header only in the first."""
+
+    widths: list[int]
+    show_header: bool = True
+
+
+@dataclass
+class Piece:
+    text: str  # Markdown, complete in itself (a cut fence closed, a continued table given its header back)
+    gap: bool = False  # a blank line separated it from the piece before
+    first_table: TableLook | None = None  # look of the piece's first table (the continuation of a cut table)
+    last_table: TableLook | None = None  # look of the piece's last table (a table cut after it)
+
+    def estimated_lines(self) -> int:
+        """A guess of its height before it is rendered (deciding how much history to show)."""
+        return self.text.count("\n") + 1 + self.gap
+
+
+def _cells(line: str) -> list[str]:
+    line = line.strip()
+    if line.startswith("|"):
+        line = line[1:]
+    if line.endswith("|") and not line.endswith("\\|"):
+        line = line[:-1]
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line)]
+
+
+class Sealer:
+    """Cuts a growing Markdown text into finished pieces and a live rest, looking at each line once."""
+
+    def __init__(self) -> None:
+        self.text = ""  # everything written
+        self.prefix = ""  # synthetic start of the live piece: a reopened fence, or a continued table's header
+        self.body = ""  # the live piece's real text
+        self.gap = False  # the live piece follows a blank line
+        self.first_table: TableLook | None = None  # the live piece starts inside this (cut) table
+        self._scanned = 0  # offset in body of the first line not looked at yet
+        self._cut: tuple[int, str] | None = None  # the latest place the body may be cut, and how
+        self._fence: tuple[str, str] | None = None  # (closing marker, opening line) while inside a code fence
+        self._table: list[str] | None = None  # [header, delimiter, rows…] while inside a table
+        self._table_look: TableLook | None = None
+        self._prev = "blank"  # kind of the last line looked at
+        self._prev_line = ""
+
+    def feed(self, text: str) -> list[Piece]:
+        """Add text; return the pieces it finished (the live rest stays in `prefix` + `body`)."""
+        self.text += text
+        self.body += text
+        sealed: list[Piece] = []
+        while True:
+            end = self.body.find("\n", self._scanned)
+            if end < 0:
+                break
+            self._line(self._scanned, self.body[self._scanned:end])
+            self._scanned = end + 1
+            if self._scanned > LIVE_LIMIT and self._cut is not None:
+                sealed.append(self._seal(*self._cut))
+        return sealed
+
+    def finish(self) -> list[Piece]:
+        """Everything left becomes one last piece (none if it is blank)."""
+        if not self.body.strip():
+            return []
+        piece = Piece(self.prefix + self.body, self.gap, self.first_table)
+        self.prefix, self.body, self._scanned, self._cut = "", "", 0, None
+        return [piece]
+
+    @property
+    def live(self) -> Piece:
+        return Piece(self.prefix + self.body, self.gap, self.first_table)
+
+    def _line(self, start: int, line: str) -> None:
+        """Decide whether the body may be cut just before this line, then update the scanner's state with it."""
+        blank = not line.strip()
+        indented = line[:1] in (" ", "\t")
+        kind = ""
+        if self._fence is not None:
+            marker = self._fence[0]
+            closes = line.strip().startswith(marker) and not line.strip().strip(marker[0])
+            if not closes and self._prev == "code":
+                kind = "code"
+            self._prev = "fence_end" if closes else "code"
+            if closes:
+                self._fence = None
+        else:
+            if self._prev == "blank" and not blank and not indented and start > 0:
+                kind = "gap"
+            elif self._table is not None and len(self._table) > 2 and "|" in line and not blank:
+                kind = "row"
+            elif self._prev in ("list", "list_more") and LIST_ITEM.match(line):
+                kind = "item"
+            elif (self._prev in ("text", "quote", "heading") and not blank and not indented
+                  and not SETEXT.match(line) and not TABLE_DELIM.match(line)):
+                kind = "line"
+            self._classify(line, blank, indented)
+        if kind:
+            self._cut = (start, kind)
+        self._prev_line = line
+
+    def _classify(self, line: str, blank: bool, indented: bool) -> None:
+        opened = FENCE_OPEN.match(line)
+        if self._table is not None and not blank and "|" in line:
+            self._table.append(line)
+            return
+        self._table = None
+        if opened:
+            marker = opened.group(1)
+            self._fence = (marker, line)
+            self._prev = "fence_start"
+        elif blank:
+            self._prev = "blank"
+        elif self._prev == "text" and "|" in self._prev_line and TABLE_DELIM.match(line) and "-" in line:
+            self._table = [self._prev_line, line]
+            self._table_look = None
+            self._prev = "table"
+        elif LIST_ITEM.match(line):
+            self._prev = "list"
+        elif indented and self._prev in ("list", "list_more"):
+            self._prev = "list_more"
+        elif line.startswith(">"):
+            self._prev = "quote"
+        elif line.startswith("#"):
+            self._prev = "heading"
+        else:
+            self._prev = "text"
+
+    def _seal(self, at: int, kind: str) -> Piece:
+        head, rest = self.body[:at], self.body[at:]
+        piece = Piece(self.prefix + head.rstrip("\n") + "\n", self.gap, self.first_table)
+        prefix, first_table = "", None
+        if kind == "code":
+            assert self._fence is not None
+            piece.text += self._fence[0] + "\n"
+            prefix = self._fence[1] + "\n"
+        elif kind == "row":
+            assert self._table is not None
+            header, delimiter, *rows = self._table
+            if self._table_look is None:  # the first cut of this table freezes its columns for every later piece
+                widths = [len(c) for c in _cells(header)]
+                for row in rows:
+                    for index, cell in enumerate(_cells(row)[: len(widths)]):
+                        widths[index] = max(widths[index], len(cell))
+                self._table_look = TableLook([min(MAX_COLUMN, max(3, w + max(2, w // 2))) for w in widths])
+                piece.last_table = self._table_look
+            else:
+                piece.last_table = TableLook(self._table_look.widths, show_header=False)
+            prefix = f"{header}\n{delimiter}\n"
+            first_table = TableLook(self._table_look.widths, show_header=False)
+        self.gap = kind == "gap"
+        self.prefix, self.body, self.first_table = prefix, rest, first_table
+        self._scanned -= at
+        self._cut = None
+        return piece
+
+
+def pieces_of(text: str) -> Iterable[Piece]:
+    """The pieces a whole text is cut into (what history shows, and what a finished stream leaves)."""
+    sealer = Sealer()
+    return sealer.feed(text) + sealer.finish()
