@@ -10,15 +10,19 @@ The directory cannot be trusted (SPEC §5), so:
 - after the flock is taken, the path must still name the locked inode (a file deleted or replaced between our open and
   our flock would otherwise give two holders of "the" lock); if it does not, we start again;
 - a lock file deleted while its session is live lets a newcomer lock a fresh inode: that is why the JSONL backend also
-  flocks the session file itself (`flock_session_file`), which no one can delete from under the live writer's descriptor.
+  flocks the session file itself (`flock_session_file`), which no one can delete from under the live writer's descriptor,
+  and the SQLite backend holds one byte of its database file per live session (`ByteHold`).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import stat
+import struct
+import threading
 import time
 from pathlib import Path
 
@@ -191,3 +195,98 @@ def probe_flock(fd: int, pid_in_file: bool = True) -> int | None:
         return None
     fcntl.flock(fd, fcntl.LOCK_UN)
     return None
+
+
+# -- a byte of a shared file, per session (the SQLite backend) --------------------------------------------------------
+
+HOLD_BASE = 1 << 40  # far past SQLite's own lock bytes (at 1 GiB) and any real database: these bytes are Cairn's alone
+_FLOCK = "hhqqi4x"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
+_idle_fds: dict[tuple[int, int, bool], list[int]] = {}
+_idle_guard = threading.Lock()
+
+
+def hold_offset(session_id: str) -> int:
+    """The byte of the shared file that stands for `session_id` (a 40-bit hash: two ids share one once in a trillion)."""
+    return HOLD_BASE + int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:5], "big")
+
+
+class ByteHold:
+    """An exclusive open-file-description lock (F_OFD_SETLK) on one byte of a file that many sessions share.
+
+    Why: SQLite keeps every session in one database file, so a writer cannot flock the file the way the JSONL writer
+    flocks its session file; a lock file can be deleted or replaced from under it. A byte-range lock on the database
+    file itself is held by the kernel for the live writer, cannot be taken away by renaming or deleting anything, and
+    goes when the holder dies. OFD locks (not classic POSIX ones) because each writer's lock is its own, even inside one
+    process (ACP hosts several sessions). The descriptors are never closed, only unlocked and reused: closing any
+    descriptor of the database file would drop the POSIX locks SQLite itself holds on it in this process.
+    """
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        self._fd: int | None = None
+        self._key: tuple[int, int, bool] | None = None
+
+    def acquire(self) -> bool:
+        """True when this holds the byte now; False when another holder has it."""
+        fd, key = _borrow(self.path, writable=True)
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, self.offset, 1, 0))
+        except (BlockingIOError, PermissionError):
+            _give_back(fd, key)
+            return False
+        except BaseException:
+            _give_back(fd, key)
+            raise
+        self._fd, self._key = fd, key
+        return True
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, key, self._fd = self._fd, self._key, None
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, fcntl.F_UNLCK, os.SEEK_SET, self.offset, 1, 0))
+        except OSError:
+            return  # the descriptor is in doubt: keep it out of the pool (and open: see the class docstring)
+        _give_back(fd, key)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+def byte_is_held(path: Path, offset: int) -> bool:
+    """Whether anyone (this process included) holds the byte; never blocks, never takes it."""
+    try:
+        fd, key = _borrow(path, writable=False)
+    except OSError:
+        return False
+    try:
+        probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+        return struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK
+    except OSError:
+        return False
+    finally:
+        _give_back(fd, key)
+
+
+def _borrow(path: Path, writable: bool) -> tuple[int, tuple[int, int, bool]]:
+    st = os.stat(path, follow_symlinks=False)
+    key = (st.st_dev, st.st_ino, writable)
+    with _idle_guard:
+        idle = _idle_fds.get(key)
+        if idle:
+            return idle.pop(), key
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags)
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):
+        os.close(fd)  # not the database (SQLite holds no lock on it): closing is harmless
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return fd, (found.st_dev, found.st_ino, writable)  # its own key, even if the path was replaced meanwhile
+
+
+def _give_back(fd: int, key: tuple[int, int, bool]) -> None:
+    with _idle_guard:
+        _idle_fds.setdefault(key, []).append(fd)

@@ -2,8 +2,13 @@
 
 Background batches commit with `synchronous=NORMAL` (no fsync); a barrier commits with `synchronous=FULL`, which
 fsyncs the WAL and so every earlier NORMAL commit with it. Writes use `BEGIN IMMEDIATE`. Each writer stamps the session
-row with a random token when it opens and checks it inside every write transaction, so a writer that lost its session to
-another (stale writer) fails instead of interleaving. Rows hold the exact JSON line the JSONL backend would write.
+row with a random token (and its pid) when it opens and checks it inside every write transaction, so a writer that lost
+its session to another (stale writer) fails instead of interleaving. Rows hold the exact JSON line the JSONL backend
+would write.
+
+One writer per session rests on what the live writer holds, not on a path (SPEC §5): besides the store's lock file, a
+writer holds one byte of the database file for its session (`locks.ByteHold`, an open-file-description lock the kernel
+drops when the process dies). Deleting or replacing the lock file therefore lets no second writer in, and `rm` is refused.
 
 The database file is not trusted (SPEC §5): it is looked at with `lstat` before SQLite opens it (a FIFO would block),
 a database holding tables that are not Cairn's is refused rather than extended, and every SQLite failure is translated
@@ -35,6 +40,7 @@ from .errors import (
     NotASessionFile,
     PersistenceError,
     SessionExists,
+    SessionLocked,
     SessionNotFound,
     StaleWriter,
     StoreUnavailable,
@@ -42,7 +48,7 @@ from .errors import (
 )
 from .events import FORMAT, FORMAT_VERSION, SessionHeader
 from .ids import valid_session_id
-from .locks import ensure_private_dir
+from .locks import ByteHold, byte_is_held, ensure_private_dir, hold_offset
 
 BUSY_TIMEOUT = 10.0  # seconds a write from a worker thread waits for another process's write transaction
 OPEN_BUSY_TIMEOUT = 2.0  # seconds create/resume wait before saying the database is locked (exit 3)
@@ -97,9 +103,10 @@ def _on_event_loop() -> bool:
 
 
 class SqliteWriter(Writer):
-    def __init__(self, conn: sqlite3.Connection, session_id: str, token: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, session_id: str, token: str, hold: ByteHold) -> None:
         self.inline_safe = getattr(conn, "inline_safe", True)  # a test connection may hold a commit on purpose
         self._conn = conn
+        self._hold = hold
         self._id = session_id
         self._token = token
         self._sync = "FULL"
@@ -148,7 +155,10 @@ class SqliteWriter(Writer):
         return sum(len(data) for _, data in batch)
 
     def close(self) -> None:
-        self._conn.close()
+        try:
+            self._conn.close()
+        finally:
+            self._hold.release()
 
 
 class SqliteBackend(Backend):
@@ -252,9 +262,34 @@ class SqliteBackend(Backend):
             raise
         return conn
 
+    def _hold(self, conn: sqlite3.Connection, session_id: str) -> ByteHold:
+        """Take the session's byte of the database file, or raise SessionLocked naming the live writer."""
+        hold = ByteHold(self.path, hold_offset(session_id))
+        try:
+            taken = hold.acquire()
+        except OSError as e:
+            raise StoreUnavailable(f"cannot lock session {session_id!r} in {self.path}: {e.strerror}", e) from None
+        if not taken:
+            raise SessionLocked(session_id, self._writer_pid(conn, session_id))
+        return hold
+
+    def _writer_pid(self, conn: sqlite3.Connection, session_id: str) -> int:
+        """The pid the live writer stamped in its token (0 when it cannot be read)."""
+        try:
+            row = conn.execute("SELECT writer FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        except sqlite3.Error:
+            return 0
+        pid = str(row[0] if row else "").rpartition(":")[2]
+        return int(pid) if pid.isdigit() else 0
+
     def create(self, header: SessionHeader) -> Writer:
         conn = self._open_for_writing()
-        token = secrets.token_hex(8)
+        token = _new_token()
+        try:
+            hold = self._hold(conn, header.id)
+        except BaseException:
+            _close_quietly(conn)
+            raise
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -269,15 +304,22 @@ class SqliteBackend(Backend):
             conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
         except sqlite3.Error as e:
             _close_quietly(conn)
+            hold.release()
             raise translate(e, self.path, "create a session in", self.open_busy_timeout) from None
         except BaseException:
             _close_quietly(conn)
+            hold.release()
             raise
-        return SqliteWriter(conn, header.id, token)
+        return SqliteWriter(conn, header.id, token, hold)
 
     def open_writer(self, session_id: str) -> tuple[Writer, LoadedLog]:
         conn = self._open_for_writing()
-        token = secrets.token_hex(8)
+        token = _new_token()
+        try:
+            hold = self._hold(conn, session_id)
+        except BaseException:
+            _close_quietly(conn)
+            raise
         try:
             conn.execute("BEGIN IMMEDIATE")
             cur = conn.execute("UPDATE sessions SET writer = ? WHERE id = ?", (token, session_id))
@@ -288,18 +330,23 @@ class SqliteBackend(Backend):
             conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
         except sqlite3.Error as e:
             _close_quietly(conn)
+            hold.release()
             raise translate(e, self.path, "open a session in", self.open_busy_timeout) from None
         except BaseException:
             _close_quietly(conn)
+            hold.release()
             raise
-        return SqliteWriter(conn, session_id, token), log
+        return SqliteWriter(conn, session_id, token, hold), log
 
     def load(self, session_id: str) -> LoadedLog:
         conn = self._read_conn()
         if conn is None:
             raise SessionNotFound(session_id)
         try:
-            return self._load_with(conn, session_id)
+            log = self._load_with(conn, session_id)
+            if byte_is_held(self.path, hold_offset(session_id)):  # a live writer (even one whose lock file is gone)
+                log.extra["live_pid"] = self._writer_pid(conn, session_id)
+            return log
         except sqlite3.Error as e:
             raise translate(e, self.path, "read", self.open_busy_timeout) from None
         finally:
@@ -354,6 +401,11 @@ class SqliteBackend(Backend):
     def delete(self, session_id: str) -> None:
         conn = self._open_for_writing()
         try:
+            hold = self._hold(conn, session_id)  # a live writer keeps its session, lock file or not
+        except BaseException:
+            _close_quietly(conn)
+            raise
+        try:
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
@@ -362,6 +414,7 @@ class SqliteBackend(Backend):
             raise translate(e, self.path, "delete a session from", self.open_busy_timeout) from None
         finally:
             conn.close()
+            hold.release()
 
     def list_ids(self) -> list[str]:
         """Every session id. A database that cannot be read raises: a failing disk must not look like no sessions."""
@@ -375,6 +428,11 @@ class SqliteBackend(Backend):
             raise translate(e, self.path, "list the sessions in", self.open_busy_timeout) from None
         finally:
             conn.close()
+
+
+def _new_token() -> str:
+    """A writer's token: random, with its pid after the colon so a refused newcomer can name the live writer."""
+    return f"{secrets.token_hex(8)}:{os.getpid()}"
 
 
 def _quote(name: str) -> str:

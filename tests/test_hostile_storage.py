@@ -102,20 +102,29 @@ async def test_deleting_or_replacing_the_lock_file_of_a_live_jsonl_session_lets_
     assert [e.seq for e in opened.events] == [0, 1, 2, 3]  # its two events, then repair's step/end and turn/end
 
 
-async def test_deleting_the_lock_file_cannot_make_two_sqlite_writers_interleave(tmp_path):
-    """SQLite keeps its writer token: a newcomer that got in takes the session over and the old writer stops."""
+async def test_deleting_the_lock_file_lets_no_second_sqlite_writer_in_and_a_stolen_token_still_stops_the_old_one(
+        tmp_path):
+    """The live SQLite writer holds a byte of the database file: with its lock file gone, a newcomer (in this process or
+    another store) and `rm` are refused. The writer token stays as a second guard: rewritten behind its back, the old
+    writer stops instead of interleaving."""
     store = SessionStore(tmp_path, "sqlite")
     first = store.create("/w", "s")
     first.writer.append([(0, b'{"seq":0,"time":1,"type":"turn/start","turn":1}')], durable=True)
     (tmp_path / "locks" / "s.lock").unlink()
-    second = store.open_for_resume("s")
+    for attempt in (lambda: store.open_for_resume("s"), lambda: SessionStore(tmp_path, "sqlite").open_for_resume("s"),
+                    lambda: store.delete("s")):
+        with pytest.raises(SessionLocked) as info:
+            attempt()
+        assert info.value.pid == os.getpid()
+    assert store.inspect("s").live_pid == os.getpid()
 
+    with sqlite3.connect(tmp_path / "sessions.sqlite3") as db:
+        db.execute("UPDATE sessions SET writer = 'someone-else:1' WHERE id = 's'")
     with pytest.raises(StaleWriter):
         first.writer.append([(1, b'{"seq":1,"time":1,"type":"step/start","turn":1,"step":1}')], durable=True)
-
-    release(second)
     release(first)
-    assert [type(e).__name__ for e in store.inspect("s").events] == ["TurnStart", "TurnEnd"]  # repair's, not first's
+    assert store.inspect("s").live_pid is None
+    assert [type(e).__name__ for e in store.inspect("s").events] == ["TurnStart"]
 
 
 class ReplacingOps(FileOps):
