@@ -74,6 +74,7 @@ class RequestHeader(Event, tag="request/header", kw_only=True):
     tools: list[str]
     message_count: int
     profile: str | None = None  # rev 2: the config-file profile the provider settings came from (None: none)
+    purpose: str = "turn"  # rev 3: "turn", or "compaction" for a summary request (every request has its header first)
 
 
 class AssistantChunk(Event, tag="assistant/chunk", kw_only=True):

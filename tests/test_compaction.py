@@ -42,14 +42,23 @@ class SmallModel:
     """A server-side model with a small context window: summary requests get a summary, requests past the window an
     HTTP 400 `context_length_exceeded`, everything else a plain answer (or what `answers` holds, in order)."""
 
-    def __init__(self, window: int = WINDOW, hold_summary: bool = False, answer_chars: int = 300) -> None:
+    def __init__(self, window: int = WINDOW, hold_summary: bool = False, answer_chars: int = 300,
+                 session_file: Path | None = None) -> None:
         self.window, self.hold_summary, self.answer_chars = window, hold_summary, answer_chars
         self.summaries = 0
         self.overflows = 0
+        self.session_file = session_file  # when given: what its log held when each request arrived
+        self.arrivals: list[tuple[str, int, int]] = []  # (purpose, requests of that purpose so far, headers on disk)
 
     def __call__(self, req: RecordedRequest) -> dict[str, Any]:
         messages = req.body.get("messages", [])
-        if messages and messages[0].get("content") == SUMMARY_SYSTEM:
+        purpose = "compaction" if messages and messages[0].get("content") == SUMMARY_SYSTEM else "turn"
+        if self.session_file is not None and self.session_file.exists():
+            lines = self.session_file.read_text().splitlines()[1:]
+            headers = [json.loads(x) for x in lines if '"request/header"' in x]
+            on_disk = sum(1 for h in headers if h.get("purpose", "turn") == purpose)
+            self.arrivals.append((purpose, sum(1 for a in self.arrivals if a[0] == purpose) + 1, on_disk))
+        if purpose == "compaction":
             self.summaries += 1
             hold = {"hold_before": True} if self.hold_summary and self.summaries == 1 else {}
             return text(f"Summary {self.summaries}: the user asked for many paragraphs; all were written.", **hold)
@@ -164,7 +173,8 @@ def test_outcome_unknown_survives_two_compactions_and_reaches_the_model(tmp_path
 def test_sigkill_during_the_compaction_request_then_resume_compacts_again(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
-    model = SmallModel(window=2048, hold_summary=True, answer_chars=200)
+    model = SmallModel(window=2048, hold_summary=True, answer_chars=200,
+                       session_file=tmp_path / "home" / "sessions" / "s.jsonl")
     with OpenAIServer(default=model) as server:
         env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(tmp_path / "home"),
                "CAIRN_BASE_URL": server.base_url, "CAIRN_API_KEY": "sk-small", "CAIRN_PROVIDER": "openai",
@@ -187,7 +197,11 @@ def test_sigkill_during_the_compaction_request_then_resume_compacts_again(tmp_pa
         server.release()
         stored = subprocess.run([CAIRN, "show", "s", "--json"], env=env, capture_output=True, text=True, timeout=60)
         assert stored.returncode == 0
-        assert not any(json.loads(x)["type"] == "context/compaction" for x in stored.stdout.splitlines())
+        stored_events = [json.loads(x) for x in stored.stdout.splitlines()]
+        assert not any(e["type"] == "context/compaction" for e in stored_events)
+        # the summary request that was killed had its own header, written before the server saw the request
+        assert [e["purpose"] for e in stored_events if e["type"] == "request/header"][-1] == "compaction"
+        assert model.arrivals[-1] == ("compaction", 1, 1)
         resumed = subprocess.run([CAIRN, "run", "--resume", "s", "And now?"], env=env, cwd=ws, capture_output=True,
                                  text=True, timeout=60)
         shown = subprocess.run([CAIRN, "show", "s", "--json"], env=env, capture_output=True, text=True, timeout=60)
@@ -196,6 +210,11 @@ def test_sigkill_during_the_compaction_request_then_resume_compacts_again(tmp_pa
     events = [json.loads(x) for x in shown.stdout.splitlines()]
     assert [e["type"] for e in events].count("context/compaction") == 1
     assert not server.refusals
+    # every request that reached the server, summary requests included, found its own header already in the log
+    assert len(model.arrivals) == len(server.requests) and model.arrivals
+    assert all(requests_so_far <= on_disk for _, requests_so_far, on_disk in model.arrivals), model.arrivals
+    headers = [e.get("purpose") for e in events if e["type"] == "request/header"]
+    assert headers.count("compaction") == 2 and headers.count("turn") == len(server.requests) - 2
 
 
 def test_carried_facts_keep_unknown_calls_and_attach_later_verdicts():

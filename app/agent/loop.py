@@ -332,14 +332,28 @@ class AgentLoop:
             turn=st.turn,
             step=st.step or 0,
         )
+        self._announce(request, "turn")
+        return request
+
+    def _announce(self, request: ModelRequest, purpose: str) -> None:
+        """The request's `request/header`; the pre-request barrier in the around_stream chain makes it durable before
+        the request leaves. Every request has one, summary requests included."""
         self.session.append(
             RequestHeader(
-                turn=st.turn, step=st.step or 0, provider=self.provider.name, model=self.provider.model,
+                turn=request.turn, step=request.step, provider=self.provider.name, model=self.provider.model,
                 params=request.params, tools=[t.name for t in request.tools], message_count=len(request.messages),
-                profile=self.profile,
+                profile=self.profile, purpose=purpose,
             )
         )
-        return request
+
+    async def _open_stream(self, st: _TurnState, request: ModelRequest) -> AsyncIterator[Any]:
+        """Open the provider's stream through the around_stream chain (the pre-request barrier, failpoints)."""
+
+        async def open_stream() -> AsyncIterator[Any]:
+            return self.provider.stream(request)
+
+        return await self.hooks.run("around_stream", StreamContext(self.session, st.turn, st.step or 0, request),
+                                    open_stream)
 
     async def _request_within_context(self, st: _TurnState) -> list[RawToolCall]:
         """Compact first when the request would outgrow the context window; when the server still refuses it for its
@@ -377,7 +391,8 @@ class AgentLoop:
         for callback in self.on_compacting:
             callback(True)
         try:
-            async with aclosing(self.provider.stream(request)) as stream:  # type: ignore[type-var]
+            self._announce(request, "compaction")
+            async with aclosing(await self._open_stream(st, request)) as stream:  # type: ignore[type-var]
                 async for item in stream:
                     if isinstance(item, TextDelta):
                         parts.append(item.text)
@@ -413,14 +428,8 @@ class AgentLoop:
         before the request is sent again."""
         attempt = 1
         while True:
-
-            async def open_stream(request: ModelRequest = request) -> AsyncIterator[Any]:
-                return self.provider.stream(request)
-
-            ctx = StreamContext(self.session, st.turn, st.step or 0, request)
             try:
-                stream = await self.hooks.run("around_stream", ctx, open_stream)
-                return await self._consume(st, stream)
+                return await self._consume(st, await self._open_stream(st, request))
             except ProviderError as e:
                 if not e.retryable or st.text or st.reasoning or attempt > self.max_retries:
                     raise

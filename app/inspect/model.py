@@ -123,7 +123,8 @@ def summary_of(event: AnyEvent, width: int = 200) -> str:
     if t is UserMessage:
         return "> " + first_line(e.text, width)
     if t is RequestHeader:
-        return f"{e.provider}/{e.model} · {e.message_count} messages · {len(e.tools)} tools"
+        summary = f"{e.provider}/{e.model} · {e.message_count} messages · {len(e.tools)} tools"
+        return summary if e.purpose == "turn" else f"{e.purpose} · {summary}"
     if t is RequestRetry:
         return f"attempt {e.attempt} after {e.reason}, waited {e.delay_ms / 1000:.1f} s"
     if t in (AssistantChunk, ReasoningChunk):
