@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time as _time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import anyio
 import msgspec
@@ -36,7 +36,7 @@ from .events import (
     encoder,
     event_decoder,
 )
-from .sanitize import MIN_SECRET_CHARS, clean_struct
+from .sanitize import MIN_SECRET_CHARS, REDACTED, clean_struct
 
 DEFAULT_WINDOW = 0.02  # seconds; SPEC §1 allows at most 50 ms
 
@@ -96,6 +96,7 @@ class Coordinator:
         self.last_error: BaseException | None = None
         self._secrets: tuple[str, ...] = ()  # longest first, so a secret containing another is replaced whole
         self._secret_json: tuple[bytes, ...] = ()  # the same, as they appear inside encoded JSON strings
+        self._carry: dict[tuple[type, int, int], str] = {}  # per chunk stream: text held back (a secret may start there)
 
     def add_secrets(self, values: "Iterable[str | None]") -> None:
         """Values replaced by `***` in every event appended from now on (SPEC §5: nothing secret is written)."""
@@ -109,7 +110,7 @@ class Coordinator:
     def next_seq(self) -> int:
         return self._next_seq
 
-    def append(self, event: AnyEvent) -> AnyEvent:
+    def append(self, event: AnyEvent, hold_back: bool = True) -> AnyEvent:
         """Stamp seq and time, queue for write-behind. Raises NonFiniteNumber or InvalidEvent before anything is
         queued: the writer never stores what the reader would refuse (SPEC §2 rev 2).
 
@@ -123,8 +124,11 @@ class Coordinator:
         cls = type(event)
         if cls in FREE_FORM:
             check_event_finite(event)
-        elif cls in CHUNKS and type(event.delta) is not str:  # type: ignore[union-attr]
-            raise InvalidEvent(f"{cls.__struct_config__.tag}: delta must be text")
+        elif cls in CHUNKS:
+            if type(event.delta) is not str:  # type: ignore[union-attr]
+                raise InvalidEvent(f"{cls.__struct_config__.tag}: delta must be text")
+            if self._secrets and hold_back:
+                event.delta = self._hold_back(event)  # type: ignore[union-attr]
         seq = self._next_seq
         event.seq = seq
         if cls is not IgnorableEvent or event.time <= 0:
@@ -143,6 +147,36 @@ class Coordinator:
             self._armed = True
             self._wake.set()
         return event
+
+    def _hold_back(self, chunk: Any) -> str:
+        """A chunk's text without any secret, even one split across chunks (SPEC §5 rev 3): the end of the stream's
+        text that could be the start of a secret is held back and put in front of the next chunk of the same stream;
+        once the next chunk completes the secret it is replaced like any other. What is still held back when the stream
+        ends goes out through `release_held()`."""
+        key = (type(chunk), chunk.turn, chunk.step)
+        text = self._carry.pop(key, "") + chunk.delta
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        longest = min(len(self._secrets[0]) - 1, len(text))
+        for start in range(len(text) - longest, len(text)):
+            tail = text[start:]
+            if any(secret.startswith(tail) for secret in self._secrets):
+                self._carry[key] = tail
+                return text[:start]
+        return text
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._carry)
+
+    def release_held(self) -> list[AnyEvent]:
+        """The text held back at the end of each chunk stream, as chunk events; the session appends them (with
+        `hold_back=False`) before the event that ends the streams, so the chunks still add up to the whole text. What
+        is held is shorter than any secret and no secret was completed after it: it is not one."""
+        held = [kind(turn=turn, step=step, delta=text) for (kind, turn, step), text in self._carry.items() if text]
+        self._carry.clear()
+        return held
 
     def _encode(self, event: AnyEvent) -> bytes:
         encode = encode_event if type(event) is IgnorableEvent else encoder.encode

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Awaitable, Callable, Iterable
 
-from .coordinator import DEFAULT_WINDOW, Coordinator
+from .coordinator import CHUNKS, DEFAULT_WINDOW, Coordinator
 from .events import AnyEvent, SessionHeader
 from .store import OpenedSession
 
@@ -33,7 +33,13 @@ class LiveSession:
 
     def append(self, event: AnyEvent) -> AnyEvent:
         """Stamp, queue for writing, record in memory, tell listeners. Synchronous and cheap."""
-        self.coordinator.append(event)
+        if self.coordinator.holding and type(event) not in CHUNKS:
+            for held in self.coordinator.release_held():  # the streams' last text, held back in case a secret began
+                self._record(held, hold_back=False)
+        return self._record(event)
+
+    def _record(self, event: AnyEvent, hold_back: bool = True) -> AnyEvent:
+        self.coordinator.append(event, hold_back)
         self.events.append(event)
         for listener in self._listeners:
             listener(event)

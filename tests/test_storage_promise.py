@@ -92,3 +92,72 @@ async def test_a_live_writer_keeps_its_session_whatever_happens_to_its_lock_file
     assert resumed.returncode == 0, resumed.stderr
     assert cairn(home, backend_name, "rm", "s").returncode == 0
     assert cairn(home, backend_name, "sessions", "--all", "--json").stdout == ""
+
+
+# -- secrets split across streamed chunks -----------------------------------------------------------------------------
+
+KEY = "sk-live-0123456789abcdefghijkl"  # 30 characters, as configured (an API key)
+
+
+def split_everywhere(text: str) -> list[list[str]]:
+    """The text cut into chunks at every pair of places around the key: one cut inside it, or two."""
+    start = text.index(KEY)
+    inside = range(start + 1, start + len(KEY))
+    cuts = [[i] for i in inside] + [[i, j] for i in inside for j in inside if i < j][::7]
+    return [[text[a:b] for a, b in zip([0, *c], [*c, len(text)])] for c in cuts]
+
+
+async def test_a_secret_split_across_chunks_is_never_stored(tmp_path, backend_name):
+    from cairn.persistence.events import AssistantChunk, AssistantMessage, ReasoningChunk, StepStart, TurnStart
+    from cairn.persistence.session import LiveSession
+
+    answer = f"The key is {KEY}, and again {KEY[:12]}… then {KEY}."
+    splits = split_everywhere(answer)
+    store = SessionStore(tmp_path, backend_name)
+    async with LiveSession(store.create("/w", "s")) as live:
+        live.add_secrets([KEY])
+        for turn, chunks in enumerate(splits, 1):
+            live.append(TurnStart(turn=turn))
+            live.append(StepStart(turn=turn, step=1))
+            for i, chunk in enumerate(chunks):  # reasoning and answer interleaved, as some servers stream them
+                live.append(ReasoningChunk(turn=turn, step=1, delta=chunk))
+                live.append(AssistantChunk(turn=turn, step=1, delta=chunk))
+            live.append(AssistantMessage(turn=turn, step=1, text=answer, tool_calls=[], interrupted=False))
+        await live.flush()
+
+    events = store.inspect("s").events
+    for kind in (AssistantChunk, ReasoningChunk):
+        for turn in range(1, len(splits) + 1):
+            streamed = "".join(e.delta for e in events if type(e) is kind and e.turn == turn)
+            # the chunks still add up to the whole (cleaned) text: what was held back is released before the message
+            assert streamed == f"The key is ***, and again {KEY[:12]}… then ***.", streamed
+    stored = "\n".join(e.delta for e in events if type(e) in (AssistantChunk, ReasoningChunk))
+    assert KEY[:14] not in stored and KEY[-14:] not in stored  # no chunk holds the key's start or its end
+    (message, *_) = [e for e in events if isinstance(e, AssistantMessage)]
+    assert message.text == f"The key is ***, and again {KEY[:12]}… then ***."
+    exported = cairn(tmp_path, backend_name, "export", "s", "--format", "json")
+    assert exported.returncode == 0 and KEY[:14] not in exported.stdout and KEY[-14:] not in exported.stdout
+
+
+def test_a_key_a_real_server_streams_in_pieces_is_neither_stored_nor_printed(tmp_path, backend_name):
+    from openai_server import OpenAIServer, text
+
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    ws.mkdir()
+    deltas = ["Your key: sk-live-01234", "56789abcdefg", "hijkl — keep it", " safe."]
+    with OpenAIServer([text("", deltas=deltas)]) as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(home), "LANG": "C.UTF-8",
+               "CAIRN_BACKEND": backend_name, "CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": server.base_url,
+               "CAIRN_API_KEY": KEY, "CAIRN_MODEL": "m"}
+        if "CAIRN_DATABASE_URL" in os.environ:
+            env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
+        ran = subprocess.run([CAIRN, "run", "--session-id", "s", "what is my key?"], env=env, cwd=ws,
+                             capture_output=True, text=True, timeout=60)
+        shown = subprocess.run([CAIRN, "show", "s", "--json"], env=env, cwd=ws, capture_output=True, text=True,
+                               timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "Your key: *** — keep it safe."
+    chunks = [e["delta"] for e in map(json.loads, shown.stdout.splitlines()) if e["type"] == "assistant/chunk"]
+    assert "".join(chunks) == "Your key: *** — keep it safe."
+    for fragment in (KEY[:12], KEY[10:22], KEY[-12:]):
+        assert fragment not in shown.stdout and fragment not in ran.stdout + ran.stderr
