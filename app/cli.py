@@ -249,7 +249,7 @@ def config_for_opened(config: Any, opened: Any) -> Any:
 def sessions_command(args: argparse.Namespace, config: Any) -> int:
     import msgspec
 
-    from cairn.widgets.terminal_text import safe_text
+    from cairn.widgets.terminal_text import safe_json, safe_text
 
     from .render import first_line, format_time
 
@@ -260,8 +260,8 @@ def sessions_command(args: argparse.Namespace, config: Any) -> int:
         summaries = [s for s in summaries if s.status == "unreadable" or os.path.realpath(s.cwd or "/") == here]
     if args.json:
         for s in summaries:
-            row = msgspec.to_builtins(s)
-            sys.stdout.write(msgspec.json.encode(row).decode() + "\n")
+            sys.stdout.buffer.write(safe_json(msgspec.json.encode(msgspec.to_builtins(s))) + b"\n")
+        sys.stdout.flush()
         return EXIT_OK
     if not summaries:
         where = "" if getattr(args, "all", False) else " for this directory (cairn sessions --all lists every one)"
@@ -289,7 +289,7 @@ def human_size(size: int) -> str:
 
 def show_command(args: argparse.Namespace, config: Any) -> int:
     from cairn.persistence.events import encode_event
-    from cairn.widgets.terminal_text import safe_text
+    from cairn.widgets.terminal_text import safe_json, safe_text
 
     from .render import render_session
 
@@ -303,7 +303,7 @@ def show_command(args: argparse.Namespace, config: Any) -> int:
     if args.json:
         out = sys.stdout.buffer
         for e in events:
-            out.write(encode_event(e) + b"\n")
+            out.write(safe_json(encode_event(e)) + b"\n")
         out.flush()
         return EXIT_OK
     print(safe_text(render_session(events, repair_from=len(inspection.events) if inspection.repair else None)))

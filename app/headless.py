@@ -30,7 +30,7 @@ from cairn.persistence.events import (
     ToolResult,
     encode_event,
 )
-from cairn.widgets.terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_json, safe_text
 
 from .agent.approval import headless_approver
 from .compose import Agent, open_agent
@@ -53,7 +53,7 @@ class Printer:
 
     def __call__(self, event: AnyEvent) -> None:
         if self.as_json:
-            self.out.buffer.write(encode_event(event) + b"\n")
+            self.out.buffer.write(safe_json(encode_event(event)) + b"\n")
             self.out.buffer.flush()
             return
         if isinstance(event, ReasoningChunk):
@@ -152,7 +152,7 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
     ) as agent:
         session = agent.session
         if args.json:
-            sys.stdout.buffer.write(session_line(agent) + b"\n")
+            sys.stdout.buffer.write(safe_json(session_line(agent)) + b"\n")
             sys.stdout.buffer.flush()
         else:
             note(f"cairn: session {session.id} ({agent.config.backend}, {agent.provider.name} {agent.provider.model})")

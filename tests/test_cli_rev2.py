@@ -270,6 +270,39 @@ def test_escape_sequences_from_model_tool_and_prompt_never_reach_the_terminal_ra
     assert "\x1b" not in as_json.stdout and "\\u001b" in as_json.stdout  # JSON escapes control characters itself
 
 
+C1_TEXT = "csi \x9b2J osc \x9d0;title\x9c nel \x85 del \x7f title \x1b]0;pwned\x07 link \x1b]8;;http://x\x1b\\y\x1b]8;;\x1b\\"
+RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def test_every_printer_neutralises_c0_and_c1_controls(env, tmp_path):
+    """SPEC §6 rev 3: run, show, export (both formats), sessions and config, text and JSON, print no raw control."""
+    script = write_script(tmp_path / "s.json", [
+        {"text": C1_TEXT, "reasoning": "think " + C1_TEXT,
+         "tool_calls": [{"name": "run_command", "arguments": {"command": "printf 'out \\233[2J \\302\\233 done'"}}]},
+        {"text": "end " + C1_TEXT},
+    ])
+    prompt = "please " + C1_TEXT
+    printed = {
+        "run": cairn(env, "run", "--provider", "script", "--script", str(script), "--yes", "--session-id", "c1", prompt),
+        "run --json": cairn(env, "run", "--json", "--resume", "c1", "--provider", "demo", "again " + C1_TEXT),
+    }
+    for name, args in {"show": ("show", "c1"), "show --json": ("show", "c1", "--json"),
+                       "export": ("export", "c1"), "export json": ("export", "c1", "--format", "json"),
+                       "sessions": ("sessions", "--all"), "sessions --json": ("sessions", "--all", "--json"),
+                       "config": ("config",), "config --json": ("config", "--json")}.items():
+        printed[name] = cairn(env, *args, CAIRN_MODEL="m" + C1_TEXT[:9])
+    for name, proc in printed.items():
+        assert proc.returncode == 0, (name, proc.stderr)
+        for stream in (proc.stdout, proc.stderr):
+            assert not RAW_CONTROL.search(stream), (name, RAW_CONTROL.search(stream), stream[:300])
+        if name.endswith("json"):
+            for line in proc.stdout.splitlines():
+                json.loads(line)  # still JSON, the same values
+    assert "\\u009b2J" in printed["show --json"].stdout and "\\u009b2J" in printed["export json"].stdout
+    assert "csi \ufffd2J" in printed["export"].stdout and "title ␛]0;pwned␇" in printed["export"].stdout
+    assert "please csi" in printed["sessions"].stdout
+
+
 def test_safe_text_makes_controls_visible_and_keeps_newlines_and_tabs():
     from cairn.widgets.terminal_text import safe_text
 

@@ -5,7 +5,7 @@ recolour the screen, move the cursor, set the window title, or write the clipboa
 keeps newlines and tabs, and makes every other control character visible instead of letting the terminal act on it:
 ESC → ␛, other C0 controls → their Unicode control picture (U+2400 + code), DEL → ␡, C1 controls (U+0080–U+009F) → �.
 Lone surrogates (undecodable bytes smuggled in by Python's surrogateescape) become U+FFFD, so printing never raises
-UnicodeEncodeError either. `--json` output needs none of this: the JSON encoder escapes control characters already.
+UnicodeEncodeError either. JSON output goes through `safe_json`: encoders escape C0 controls but leave DEL and C1 raw.
 `summarize_arguments` is a tool call's arguments as one line of bounded length.
 
 It lives beside the widgets (which may import nothing from `app`) and imports nothing of Textual, so headless commands
@@ -33,6 +33,16 @@ def _visible(match: re.Match[str]) -> str:
 def safe_text(text: str) -> str:
     """`text` with every control character except `\\n` and `\\t` made visible, and lone surrogates replaced."""
     return _UNSAFE.sub(_visible, text)
+
+
+_JSON_UNSAFE = re.compile(rb"\x7f|\xc2[\x80-\x9f]")  # DEL and the C1 controls, as UTF-8: JSON encoders leave them raw
+
+
+def safe_json(data: bytes) -> bytes:
+    """Encoded JSON with DEL and the C1 controls (U+0080–U+009F, CSI U+009B among them) escaped as `\\u00XX`:
+    encoders escape only C0, and a terminal may act on C1. They can occur only inside strings, so the JSON stays the same
+    value."""
+    return _JSON_UNSAFE.sub(lambda m: b"\\u%04x" % ord(m.group().decode()), data)
 
 
 def summarize_arguments(arguments: Any, limit: int = 80) -> str:

@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from cairn.widgets.terminal_text import safe_text
+from cairn.widgets.terminal_text import safe_json, safe_text
 
 from ..config.resolver import (
     DEFAULT_ANTHROPIC_MODEL,
@@ -78,7 +78,7 @@ def config_command(args: argparse.Namespace, config: Config) -> int:
     rows = settings(config)
     if args.json:
         out = {name: {"value": value, "source": source} for name, value, source in rows}
-        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+        sys.stdout.write(safe_json(json.dumps(out, ensure_ascii=False).encode()).decode() + "\n")
         return EXIT_OK
     width = max(len(name) for name, _, _ in rows)
     shown = [(name, _show(value)) for name, value, _ in rows]

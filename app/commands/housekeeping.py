@@ -25,6 +25,7 @@ from cairn.persistence.events import (
     UserMessage,
     encode_event,
 )
+from cairn.widgets.terminal_text import safe_json, safe_text
 
 from ..exit_codes import EXIT_LOCKED, EXIT_OK, exit_code_for, fail
 from ..render import fence, format_time, summarize_arguments
@@ -36,7 +37,6 @@ def rm_command(args: argparse.Namespace, store: Any) -> int:
     """Delete each named session; a live or unknown one is reported and the others are still deleted. The exit code
     is the worst one met (3 for a live session, 2 for an unknown id)."""
     from cairn.persistence.errors import PersistenceError, SessionLocked
-    from cairn.widgets.terminal_text import safe_text
 
     worst = EXIT_OK
     for session_id in args.session_ids:
@@ -61,10 +61,10 @@ def export_command(args: argparse.Namespace, store: Any) -> int:
             line = encode_event(e)
             if i >= stored:  # not in the log yet: what repair will append when the session is resumed
                 line = line[:-1] + b',"repair":true}'
-            out.buffer.write(line + b"\n")
+            out.buffer.write(safe_json(line) + b"\n")
         out.flush()
         return EXIT_OK
-    out.write(markdown(inspection.header.id, inspection.header.cwd, events, len(inspection.events)))
+    out.write(safe_text(markdown(inspection.header.id, inspection.header.cwd, events, len(inspection.events))))
     return EXIT_OK
 
 
