@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from cairn.version import __version__
 
@@ -49,6 +49,15 @@ exit codes: 0 ok, 1 turn ended in error, 2 usage or configuration, 3 session loc
 130 cancelled"""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors are one line, like every other error (SPEC §6 rev 3), with where to read more: not the usage
+    block. Sub-command parsers are of this class too (argparse makes them of their parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("cairn").strip()
+        self.exit(fail(f"{command + ': ' if command else ''}{message} (see `{self.prog} --help`)", EXIT_USAGE))
+
+
 def common_options(default: Any = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, argument_default=default)
     g = p.add_argument_group("common options")
@@ -72,7 +81,7 @@ def common_options(default: Any = None) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="cairn", description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt, parents=[common_options()]
     )
     parser.add_argument("--version", action="version", version=f"cairn {__version__}")

@@ -178,7 +178,7 @@ class JsonlBackend(Backend):
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise NotASessionFile(str(path), "a symbolic link") from None
-            if flags & (os.O_WRONLY | os.O_RDWR):
+            if flags & (os.O_WRONLY | os.O_RDWR) and _readable(path):
                 raise SessionUnreadable(
                     f"cannot open {path} for writing ({e.strerror}): `cairn show {session_id}` can read it; "
                     "fix its permissions to continue it", e,
@@ -338,3 +338,12 @@ def _too_deep_line(data: bytes) -> int:
         except Exception:
             continue
     return 0
+
+
+def _readable(path: Path) -> bool:
+    """Whether this process can open the file for reading (a message must not offer `cairn show` when it cannot)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | _SAFE_OPEN))
+    except OSError:
+        return False
+    return True

@@ -406,3 +406,26 @@ def test_a_binary_prompt_is_recorded_with_replacement_characters_and_the_turn_ru
     assert prompts == ["bin \ufffd\ufffd", "piped \ufffd(\n"]
     assert [e["reason"] for e in events if e["type"] == "turn/end"] == ["completed", "completed"]
     assert "bin \ufffd\ufffd" in cairn(env, "show", "bin").stdout
+
+
+# -- issue 24 (8): small refusals are one line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("run",), "run: the following arguments are required: PROMPT"),
+    (("frob",), "invalid choice: 'frob'"),
+    (("--backend", "nosql", "sessions"), "argument --backend: invalid choice"),
+    (("export", "s", "--format", "pdf"), "export: argument --format: invalid choice"),
+    (("show",), "`cairn show --help`"),
+])
+def test_argument_errors_are_one_line_naming_the_help_to_read(env, args, needle):
+    proc = cairn(env, *args)
+    assert_one_line_error(proc, 2, needle)
+    assert "usage:" not in proc.stderr
+
+
+def test_an_empty_cairn_home_or_home_option_is_refused_not_read_as_the_default(env):
+    for proc, needle in ((cairn(env, "sessions", CAIRN_HOME=""), "CAIRN_HOME is set but empty"),
+                         (cairn(env, "run", "hello", CAIRN_HOME=" "), "CAIRN_HOME is set but empty"),
+                         (cairn(env, "--home", "", "sessions"), "--home is empty")):
+        assert_one_line_error(proc, 2, needle)

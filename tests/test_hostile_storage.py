@@ -254,6 +254,9 @@ def test_unreadable_file_is_listed_and_a_read_only_one_cannot_be_resumed(tmp_pat
     assert_one_line(cairn(home, "show", "secret", prefix=prefix), 2, "secret.jsonl")
     assert_one_line(cairn(home, "run", "--resume", "frozen", "more", prefix=prefix), 2, "frozen.jsonl", "show")
     assert cairn(home, "show", "frozen", prefix=prefix).returncode == 0
+    refused = cairn(home, "run", "--resume", "secret", "more", prefix=prefix)  # unreadable: `show` is not offered
+    assert_one_line(refused, 2, "secret.jsonl")
+    assert "cairn show" not in refused.stderr
     (home / "sessions").chmod(0o300)  # a directory that cannot be listed must not look empty
     assert_one_line(cairn(home, "sessions", prefix=prefix), 2, "cannot list")
 

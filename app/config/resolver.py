@@ -121,6 +121,11 @@ def resolve_config(
     real_env = env is None
     env = os.environ if env is None else env
     sources: dict[str, str] = {}
+    if home is not None and not home.strip():
+        raise ConfigError("--home is empty: name a directory, or leave the option out for the default")
+    if home is None and "CAIRN_HOME" in env and not env["CAIRN_HOME"].strip():
+        # where sessions are written must never fall back silently (`CAIRN_HOME=$DIR` with DIR unset)
+        raise ConfigError("CAIRN_HOME is set but empty: name a directory, or unset it for the default")
     if home:
         home_path, sources["home"] = Path(home), "flag --home"
     elif env.get("CAIRN_HOME"):
