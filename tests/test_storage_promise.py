@@ -161,3 +161,38 @@ def test_a_key_a_real_server_streams_in_pieces_is_neither_stored_nor_printed(tmp
     assert "".join(chunks) == "Your key: *** — keep it safe."
     for fragment in (KEY[:12], KEY[10:22], KEY[-12:]):
         assert fragment not in shown.stdout and fragment not in ran.stdout + ran.stderr
+
+
+# -- sizes ------------------------------------------------------------------------------------------------------------
+
+
+def test_arguments_over_one_megabyte_are_refused_and_stored_cut(tmp_path, backend_name):
+    from openai_server import OpenAIServer, text, tool_calls
+
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    ws.mkdir()
+    big = "x" * 1_500_000
+    script = [tool_calls([{"id": "call_big", "name": "write_file", "arguments": {"path": "big.txt", "content": big}}],
+                         arg_chunks=40),
+              text("I will write it in parts.")]
+    with OpenAIServer(script) as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(home), "LANG": "C.UTF-8",
+               "CAIRN_BACKEND": backend_name, "CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": server.base_url,
+               "CAIRN_API_KEY": "sk-test-key", "CAIRN_MODEL": "m"}
+        if "CAIRN_DATABASE_URL" in os.environ:
+            env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
+        ran = subprocess.run([CAIRN, "run", "--yes", "--session-id", "s", "write a big file"], env=env, cwd=ws,
+                             capture_output=True, text=True, timeout=120)
+        second = server.requests[1].body["messages"]
+        shown = subprocess.run([CAIRN, "show", "s", "--json"], env=env, cwd=ws, capture_output=True, text=True)
+        listed = subprocess.run([CAIRN, "sessions", "--all", "--json"], env=env, cwd=ws, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert not (ws / "big.txt").exists()  # not run
+    events = [json.loads(line) for line in shown.stdout.splitlines()]
+    (call,) = [e for e in events if e["type"] == "tool/call"]
+    (result,) = [e for e in events if e["type"] == "tool/result"]
+    cut = call["arguments"]["cairn_cut"]
+    assert cut["bytes"] > 1_500_000 and len(cut["sha256"]) == 64 and cut["head"].startswith('{"path": "big.txt"')
+    assert result["error_code"] == "BAD_ARGUMENTS" and "over the 1,000,000-byte limit" in result["content"]
+    assert json.loads(listed.stdout)["size"] < 100_000  # stored cut, not 1.5 MB twice
+    assert len(json.dumps(second)) < 100_000  # and the model is not sent the megabytes back either

@@ -11,6 +11,7 @@ TOOL_OUTCOME_UNKNOWN if it was running), then `step/end` and `turn/end` with rea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -121,8 +122,19 @@ class _TurnState:
     error: TurnError | None = None
 
 
+MAX_ARGUMENT_BYTES = 1_000_000  # SPEC §5 rev 3: larger arguments are not run, and stored cut
+CUT_ARGUMENTS = "cairn_cut"  # the one key of arguments stored cut: {"cairn_cut": {"bytes", "sha256", "head"}}
+
+
 def parse_arguments(raw: str) -> Any:
-    """The parsed JSON object, or the raw string when the model sent something that is not valid JSON."""
+    """The parsed JSON object, or the raw string when the model sent something that is not valid JSON. Arguments
+    over MAX_ARGUMENT_BYTES become `{"cairn_cut": {…}}` (their size, sha256 and first characters): the call is refused
+    as BAD_ARGUMENTS, and the log does not carry megabytes twice per step."""
+    if len(raw) * 4 > MAX_ARGUMENT_BYTES:  # (cheap bound first: a character is at most 4 bytes)
+        data = raw.encode("utf-8", "surrogatepass")
+        if len(data) > MAX_ARGUMENT_BYTES:
+            digest = hashlib.sha256(data).hexdigest()
+            return {CUT_ARGUMENTS: {"bytes": len(data), "sha256": digest, "head": raw[:500]}}
     if not raw.strip():
         return {}
     try:
@@ -563,6 +575,13 @@ class AgentLoop:
             self._record_call(st, call)
             what = "not valid JSON" if isinstance(request.arguments, str) else "not a JSON object"
             self._append_result(st, call, ToolOutcome(f"The arguments are {what}; send a JSON object.", BAD_ARGUMENTS))
+            return
+        if CUT_ARGUMENTS in request.arguments:
+            self._record_call(st, call)
+            size = request.arguments[CUT_ARGUMENTS].get("bytes", 0)
+            self._append_result(st, call, ToolOutcome(
+                f"The arguments are {size:,} bytes, over the {MAX_ARGUMENT_BYTES:,}-byte limit; the call did not run. "
+                "Send smaller arguments (for a large file, write it in parts).", BAD_ARGUMENTS))
             return
         if needs_approval(tool.safety) and not self.grants.covers(tool.name, request.arguments):
             answer = await self._ask(st, call, tool.safety)
