@@ -239,8 +239,9 @@ def test_a_server_that_fails_or_hangs_at_start_is_reported_and_the_session_still
     assert ok["content"] == "found: q" and unknown["error_code"] == "UNKNOWN_TOOL"
 
 
-def test_a_server_that_dies_mid_call_gives_an_error_result_at_once_and_later_calls_fail_fast(rig):
-    env = configure(rig, server_table("tix"))
+def test_a_server_that_dies_mid_call_gives_an_error_result_at_once_and_is_restarted_for_the_next_call(rig):
+    record = rig.io / "record.jsonl"
+    env = configure(rig, server_table("tix", record=record))
     env.update(script_env(rig, [
         {"tool_calls": [{"name": "tix__crash", "arguments": {}}]},
         {"tool_calls": [{"name": "tix__lookup", "arguments": {"query": "q"}}]},
@@ -252,8 +253,56 @@ def test_a_server_that_dies_mid_call_gives_an_error_result_at_once_and_later_cal
     assert crashed["error_code"] == "TOOL_OUTCOME_UNKNOWN"
     assert "the MCP server `tix` stopped while this call to `tix__crash` was running" in crashed["content"]
     assert "read-only, so retrying it is safe" in crashed["content"]
-    assert after["is_error"] and "is not running" in after["content"]
+    assert not after["is_error"], after  # SPEC §8 rev 3: a broken connection is restarted before the next call
+    pids = [r["pid"] for r in records(record)]
+    assert len(set(pids)) == 2 and [r["tool"] for r in records(record)][-1] == "lookup"
     assert by_type(events, "turn/end")[-1]["reason"] == "completed"
+
+
+RAW_SERVER = str(Path(__file__).with_name("mcp_raw_server.py"))
+
+
+def test_invalid_utf8_a_bad_schema_and_a_dead_server_each_cost_only_what_they_must(rig):
+    """A raw JSON-RPC server (no SDK) sends a line of invalid UTF-8 and a result with invalid bytes, lists one tool
+    with a schema that is not an object, and dies during a call: the bytes are replaced (no stall, later calls answer
+    at once), the bad tool is one stderr line naming it while the others work, and the dead server is restarted."""
+    record = rig.io / "raw.jsonl"
+    table = (f"[mcp_servers.raw]\ncommand = {toml_string(sys.executable)}\nargs = [{toml_string(RAW_SERVER)}]\n"
+             f"env = {{ MCP_RECORD = {toml_string(str(record))} }}\ncall_timeout = 5\n")
+    env = configure(rig, table)
+    env.update(script_env(rig, [
+        {"tool_calls": [{"name": "raw__garble", "arguments": {}}]},
+        {"tool_calls": [{"name": "raw__good", "arguments": {"text": "after garble"}}]},
+        {"tool_calls": [{"name": "raw__die", "arguments": {}}]},
+        {"tool_calls": [{"name": "raw__good", "arguments": {"text": "after restart"}}]},
+        {"text": "done"},
+    ]))
+    started = time.monotonic()
+    proc, events = run_json(rig, env, "go")
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    garbled, good, died, restarted = by_type(events, "tool/result")
+    assert not garbled["is_error"] and "caf\ufffd" in garbled["content"], garbled
+    assert good["content"] == "ok after garble" and not good["is_error"]
+    assert died["error_code"] == "TOOL_OUTCOME_UNKNOWN"
+    assert restarted["content"] == "ok after restart" and not restarted["is_error"]
+    assert took < 20, "no call waited for its time limit"
+    lines = [line for line in proc.stderr.splitlines() if "broken" in line]
+    assert len(lines) == 1 and "tool `broken` left out" in lines[0], proc.stderr
+    assert all(line.startswith("cairn: ") for line in proc.stderr.splitlines()), proc.stderr  # no pydantic report
+    assert [line for line in proc.stderr.splitlines() if "Invalid JSON" in line] == [
+        "cairn: MCP: Failed to parse JSONRPC message from server: Invalid JSON: expected value at line 1 column 1"]
+    header = by_type(events, "request/header")[0]
+    assert sorted(header["tools"]) == sorted(t for t in header["tools"]) and "raw__broken" not in header["tools"]
+    assert {"raw__good", "raw__garble", "raw__die"} <= set(header["tools"])
+    assert len({r["pid"] for r in records(record)}) == 2
+
+
+def test_every_mcp_call_has_a_time_limit_by_default():
+    from cairn.app.tools.mcp import DEFAULT_CALL_TIMEOUT, parse_server_table
+
+    assert parse_server_table("s", {"command": "x"}).call_timeout == DEFAULT_CALL_TIMEOUT == 120.0
+    assert parse_server_table("s", {"command": "x", "call_timeout": 5}).call_timeout == 5
 
 
 def test_a_cancel_reaches_the_server_as_an_mcp_cancellation(rig):

@@ -51,6 +51,8 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from cairn.widgets.terminal_text import safe_text
+
 from .base import Safety, Tool, ToolContext, ToolFailure, truncate_output
 
 log = logging.getLogger("cairn.mcp")
@@ -58,6 +60,7 @@ log = logging.getLogger("cairn.mcp")
 SEPARATOR = "__"  # NAME__tool
 MAX_TOOL_NAME = 64  # what OpenAI-compatible servers accept for a function name
 DEFAULT_STARTUP_TIMEOUT = 15.0
+DEFAULT_CALL_TIMEOUT = 120.0  # SPEC §8 rev 3: every call has a time limit
 MAX_DESCRIPTION = 2000
 META_KEY = "cairn/call_id"
 SAFETY_CLASSES: tuple[Safety, ...] = ("read_only", "idempotent", "side_effecting")
@@ -89,7 +92,7 @@ class McpServerConfig:
     disabled_tools: tuple[str, ...] = ()
     safety: dict[str, Safety] = field(default_factory=dict)  # tool (as the server names it) -> class
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
-    call_timeout: float | None = None  # seconds; None: no limit (cancel still works)
+    call_timeout: float = DEFAULT_CALL_TIMEOUT  # seconds; past it the call is OUTCOME_UNKNOWN
     enabled: bool = True
     origin: str = "config file"  # or "editor"
 
@@ -375,6 +378,34 @@ class _Connection:
         self._stop = anyio.Event()
         self._scope = anyio.CancelScope()
         self._stderr: Any = None
+        self.spawn: Callable[[Callable[[], Any]], None] | None = None  # starts a task beside the others (a restart)
+        self.bad_tools: list[str] = []  # one line each: a listed tool Cairn left out (a schema it cannot use)
+        self._restarting: anyio.Event | None = None
+
+    async def restart(self) -> bool:
+        """Start the server again after its connection broke (SPEC §8 rev 3), before the call that needs it; True when
+        it is ready. Concurrent callers wait for the one restart."""
+        if self._restarting is not None:
+            await self._restarting.wait()
+            return self.session is not None
+        if self.spawn is None:
+            return False
+        self._restarting = anyio.Event()
+        try:
+            self._stop.set()  # the old task still holds the dead transport: let it close it
+            await self.finished.wait()
+            self.state.status, self.state.error = "starting", None
+            self.ready, self.finished, self._stop = anyio.Event(), anyio.Event(), anyio.Event()
+            self._scope = anyio.CancelScope()
+            self.spawn(self.run)
+            with anyio.move_on_after(self.config.startup_timeout):
+                await self.ready.wait()
+            if not self.ready.is_set():
+                self.abandon(f"it did not answer within {self.config.startup_timeout:g} s after a restart")
+            return self.session is not None
+        finally:
+            self._restarting.set()
+            self._restarting = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -429,12 +460,42 @@ class _Connection:
         for _ in range(100):  # a paginator that never ends must not hang the start
             from mcp.types import PaginatedRequestParams
 
-            page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
-            tools.extend(page.tools)
-            cursor = getattr(page, "next_cursor", None)
+            params = PaginatedRequestParams(cursor=cursor) if cursor else None
+            try:
+                page = await session.list_tools(params=params)
+            except ValueError:  # pydantic: one tool the SDK cannot take must not cost the server its other tools
+                page_tools, cursor = await self._list_tools_one_by_one(session, cursor)
+                tools.extend(page_tools)
+            else:
+                tools.extend(page.tools)
+                cursor = getattr(page, "next_cursor", None)
             if not cursor:
                 break
         return tools
+
+    async def _list_tools_one_by_one(self, session: Any, cursor: str | None) -> tuple[list[Any], str | None]:
+        """The same page, read raw and checked tool by tool; each tool left out is one line in `bad_tools`."""
+        from mcp.types import Tool as McpTool
+
+        # the SDK validates a page as a whole: read it unvalidated (pinned SDK: mcp 2.3.0's dispatcher)
+        raw = await session._dispatcher.send_raw_request("tools/list", {"cursor": cursor} if cursor else None, {})
+        listed = raw.get("tools") if isinstance(raw, dict) else None
+        tools = []
+        for item in listed if isinstance(listed, list) else []:
+            name = item.get("name") if isinstance(item, dict) else None
+            try:
+                tools.append(McpTool.model_validate(item))
+            except ValueError as e:
+                first = str(e).splitlines()[1:2] or ["invalid"]  # pydantic: line 2 names the field
+                self.bad_tools.append(f"tool `{str(name)[:80]}` left out: its definition is not valid MCP "
+                                      f"({first[0].strip()[:120]})")
+        next_cursor = raw.get("nextCursor") if isinstance(raw, dict) else None
+        next_cursor = next_cursor if isinstance(next_cursor, str) and next_cursor else None
+        from mcp.types import ListToolsResult
+
+        # the SDK checks each call's result against its own listing, and lists again (failing) when a tool is missing
+        session._absorb_tool_listing(ListToolsResult(tools=tools), complete=cursor is None and next_cursor is None)
+        return tools, next_cursor
 
     def _transport(self, stack: AsyncExitStack) -> Any:
         config = self.config
@@ -465,8 +526,9 @@ class _Connection:
             raise _StartError(f"cwd {cwd} is not a directory")
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
         executable, args = _die_with_cairn(command, list(config.args))
-        return stdio_client(StdioServerParameters(command=executable, args=args, env=env, cwd=str(cwd)),
-                            errlog=self._stderr)
+        # replacement, never a stalled call: invalid UTF-8 from a server becomes U+FFFD (SPEC §8 rev 3)
+        return stdio_client(StdioServerParameters(command=executable, args=args, env=env, cwd=str(cwd),
+                                                  encoding_error_handler="replace"), errlog=self._stderr)
 
     def stderr_tail(self) -> str:
         """The last line the server wrote on stderr (why it failed, usually), bounded."""
@@ -503,8 +565,11 @@ class _Connection:
 
         from cairn.persistence.repair import SAFETY_ADVICE
 
-        session = self.session
         name = self.config.name
+        if self.session is None and self.state.status == "crashed":
+            log.info("MCP server %s: restarting it for a call (%s)", name, self.state.error)
+            await self.restart()
+        session = self.session
         if session is None:
             raise McpCallFailed(f"the MCP server `{name}` is not running ({self.state.error or self.state.status}); "
                                 f"`{shown}` was not called")
@@ -587,6 +652,7 @@ class McpServers:
         await self._tasks.__aenter__()
         try:
             for connection in self.connections:
+                connection.spawn = self._tasks.start_soon
                 self._tasks.start_soon(connection.run)
             async with anyio.create_task_group() as waiting:
                 for connection in self.connections:
@@ -610,6 +676,8 @@ class McpServers:
 
     def _register(self, connection: _Connection) -> None:
         config = connection.config
+        for line in connection.bad_tools:
+            self.report(f"MCP server `{config.name}`: {line}")
         taken = {t.name for t in self.tools}
         names = {t.name for t in connection.listed}
         for wanted in (config.enabled_tools or ()):
@@ -653,6 +721,33 @@ def _load_sdk() -> None:
     import mcp  # noqa: F401
     import mcp.client.stdio  # noqa: F401
     import mcp.client.streamable_http  # noqa: F401
+
+    _one_line_sdk_logs()
+
+
+class _OneLine(logging.Formatter):
+    """The SDK's warnings as one line each (it logs a whole traceback for a line a server garbled)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            try:  # pydantic: the first error's own words, not its multi-line report
+                detail = str(error.errors()[0].get("msg"))  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001
+                detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            text = f"{text}: {detail}"
+        return "cairn: MCP: " + " ".join(safe_text(text).split())[:300]
+
+
+def _one_line_sdk_logs() -> None:
+    sdk = logging.getLogger("mcp")
+    if not any(isinstance(h.formatter, _OneLine) for h in sdk.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(_OneLine())
+        sdk.addHandler(handler)
+        sdk.propagate = False
 
 
 def _body(connection: _Connection, tool: str, safety: Safety, shown: str) -> Any:
