@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
+
 from .events import AnyEvent, SessionHeader
 
 
@@ -22,6 +24,7 @@ class LoadedLog:
     events: list[AnyEvent]
     location: str  # a path (and for SQLite the session id) for messages
     torn_bytes: int = 0  # bytes of a torn tail that were dropped (JSONL only)
+    check: Any = None  # checks.Position: where a resuming writer continues the running crc (None: a new log)
     extra: dict = field(default_factory=dict)
 
 

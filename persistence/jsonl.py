@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from .backend import Backend, EncodedEvent, LoadedLog, Writer
+from .checks import RunningCheck, verify_checks
 from .codec import decode_events, decode_header
 from .errors import (
     CorruptLog,
@@ -83,13 +84,15 @@ def write_all(ops: FileOps, fd: int, data: bytes) -> None:
 
 
 class JsonlWriter(Writer):
-    def __init__(self, fd: int, size: int, ops: FileOps) -> None:
+    def __init__(self, fd: int, size: int, ops: FileOps, check: RunningCheck) -> None:
         self.inline_safe = ops.inline_safe
         self._fd = fd
         self._ops = ops
         self._durable_size = size  # bytes known to be on disk
         self._size = size  # bytes written to the OS
         self._needs_rewind = False  # a failed write may have left a partial line after _durable_size
+        self._check = check
+        self._durable_check = check.at
 
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:
         ops = self._ops
@@ -97,13 +100,17 @@ class JsonlWriter(Writer):
             if self._needs_rewind:
                 ops.ftruncate(self._fd, self._durable_size)
                 self._size = self._durable_size
+                self._check.advance(self._durable_check)
                 self._needs_rewind = False
+            batch, at = self._check.stamp(batch, durable)
             data = b"\n".join([d for _, d in batch]) + b"\n" if batch else b""
             write_all(ops, self._fd, data)
             self._size += len(data)
+            self._check.advance(at)
             if durable:
                 ops.fdatasync(self._fd)
                 self._durable_size = self._size
+                self._durable_check = at
         except OSError:
             self._needs_rewind = True
             raise
@@ -158,7 +165,7 @@ class JsonlBackend(Backend):
                     f"cannot create {path}: {e.strerror or e}; free some space or fix the disk, then try again", e
                 ) from None
             raise
-        return JsonlWriter(fd, len(line), self.ops)
+        return JsonlWriter(fd, len(line), self.ops, RunningCheck())
 
     def _open_existing(self, session_id: str, flags: int, opener=os.open) -> int:
         """A descriptor on the session's regular file, or the error that says what is there instead."""
@@ -221,7 +228,9 @@ class JsonlBackend(Backend):
             events, kept = decode_events(body, path, first_line=2, tail_may_be_torn=True)
         except RecursionError:
             raise CorruptLog(path, _too_deep_line(data), "JSON nested too deeply") from None
-        return LoadedLog(header, events, path, torn_bytes=len(body) - kept)
+        check, _ = verify_checks(data, nl + 1, nl + 1 + kept, path, first_line=2)
+        check.next_seq = len(events)
+        return LoadedLog(header, events, path, torn_bytes=len(body) - kept, check=check)
 
     def open_writer(self, session_id: str) -> tuple[Writer, LoadedLog]:
         self.check_writable()
@@ -241,7 +250,7 @@ class JsonlBackend(Backend):
             if isinstance(e, OSError):
                 raise StoreUnavailable(f"cannot prepare {path} for writing: {e.strerror or e}", e) from None
             raise
-        return JsonlWriter(fd, size, self.ops), log
+        return JsonlWriter(fd, size, self.ops, RunningCheck(log.check)), log
 
     def _keep_torn_tail(self, session_id: str, tail: bytes) -> Path:
         """Copy the bytes about to be cut to `<id>.jsonl.torn-<ms>` (0600) and make the copy durable first."""

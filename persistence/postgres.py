@@ -41,6 +41,7 @@ from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict
 
 from .backend import Backend, EncodedEvent, LoadedLog, Writer
+from .checks import RunningCheck, verify_checks
 from .codec import decode_events, decode_header
 from .errors import (
     CorruptDatabase,
@@ -207,6 +208,7 @@ class PostgresWriter(Writer):
         self._lock_conn: Any | None = lock_conn
         self._key = _key_parts(backend.lock_key(session_id))
         self._durable_level = backend.durable_level(conn)
+        self.check = RunningCheck()  # open_writer continues it from the loaded log
 
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:
         for _ in range(2):
@@ -219,6 +221,7 @@ class PostgresWriter(Writer):
         """One transaction: check writer + lock and stamp `updated`, insert the batch, commit (durably or not).
         False when this process is not (or no longer) the writer; nothing was committed then."""
         backend = self._backend
+        batch, at = self.check.stamp(batch, durable)
         try:
             conn = self._conn
             if conn is None or conn.closed:
@@ -241,6 +244,7 @@ class PostgresWriter(Writer):
                 conn.execute("ROLLBACK")
                 return False
             conn.execute("COMMIT")
+            self.check.advance(at)
             return True
         except psycopg.Error as e:
             self._drop_data_connection()
@@ -522,7 +526,9 @@ class PostgresBackend(Backend):
             if lock_conn is not None:
                 _close_quietly(lock_conn)
             raise
-        return PostgresWriter(self, session_id, token, conn, lock_conn), log
+        writer = PostgresWriter(self, session_id, token, conn, lock_conn)
+        writer.check.advance(log.check)
+        return writer, log
 
     def load(self, session_id: str) -> LoadedLog:
         def query(conn: Any) -> LoadedLog:
@@ -554,7 +560,9 @@ class PostgresBackend(Backend):
             events, _ = decode_events(body, location, first_line=1, tail_may_be_torn=False)
         except RecursionError:
             raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
-        return LoadedLog(header, events, location)
+        check, _ = verify_checks(body, 0, len(body), location, first_line=0, unit="seq")
+        check.next_seq = len(events)
+        return LoadedLog(header, events, location, check=check)
 
     @staticmethod
     def _bodies(conn: Any, session_id: str) -> bytes:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from .backend import Backend, EncodedEvent, LoadedLog, Writer
+from .checks import RunningCheck, verify_checks
 from .codec import decode_events
 from .errors import (
     CorruptDatabase,
@@ -63,7 +64,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     version INTEGER NOT NULL,
     created INTEGER NOT NULL,
     cwd TEXT NOT NULL,
-    writer TEXT
+    writer TEXT,
+    chk TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -103,10 +105,12 @@ def _on_event_loop() -> bool:
 
 
 class SqliteWriter(Writer):
-    def __init__(self, conn: sqlite3.Connection, session_id: str, token: str, hold: ByteHold) -> None:
+    def __init__(self, conn: sqlite3.Connection, session_id: str, token: str, hold: ByteHold,
+                 check: RunningCheck) -> None:
         self.inline_safe = getattr(conn, "inline_safe", True)  # a test connection may hold a commit on purpose
         self._conn = conn
         self._hold = hold
+        self._check = check
         self._id = session_id
         self._token = token
         self._sync = "FULL"
@@ -134,6 +138,8 @@ class SqliteWriter(Writer):
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:
         conn = self._conn
         self._set_sync("FULL" if durable else "NORMAL")
+        batch, at = self._check.stamp(batch, durable)
+        checked = durable and at.last_check != self._check.at.last_check  # this batch carries a new check
         self._begin()
         try:
             row = conn.execute("SELECT writer FROM sessions WHERE id = ?", (self._id,)).fetchone()
@@ -144,7 +150,10 @@ class SqliteWriter(Writer):
                 "INSERT OR REPLACE INTO events (session_id, seq, body) VALUES (?, ?, ?)",
                 [(self._id, seq, data) for seq, data in batch],
             )
-            if durable and not batch:
+            if checked and self._check.last is not None:
+                # the session row keeps the newest check, in the same transaction: events lost after it are damage
+                conn.execute("UPDATE sessions SET chk = ? WHERE id = ?", ("%d:%08x" % self._check.last, self._id))
+            elif durable:
                 # Earlier NORMAL commits sit unsynced in the WAL; an empty transaction would not sync it, a write does.
                 conn.execute("UPDATE sessions SET writer = writer WHERE id = ?", (self._id,))
             conn.execute("COMMIT")
@@ -152,6 +161,7 @@ class SqliteWriter(Writer):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self._check.advance(at)
         return sum(len(data) for _, data in batch)
 
     def close(self) -> None:
@@ -218,6 +228,8 @@ class SqliteBackend(Backend):
             conn.execute("PRAGMA synchronous=FULL")
             if not self._schema_ready:
                 conn.executescript(SCHEMA)
+                if not self._has_chk_column(conn):  # a database made before rev 3
+                    conn.execute("ALTER TABLE sessions ADD COLUMN chk TEXT")
                 self._schema_ready = True
         except sqlite3.Error as e:
             conn.close()
@@ -310,7 +322,7 @@ class SqliteBackend(Backend):
             _close_quietly(conn)
             hold.release()
             raise
-        return SqliteWriter(conn, header.id, token, hold)
+        return SqliteWriter(conn, header.id, token, hold, RunningCheck())
 
     def open_writer(self, session_id: str) -> tuple[Writer, LoadedLog]:
         conn = self._open_for_writing()
@@ -336,7 +348,7 @@ class SqliteBackend(Backend):
             _close_quietly(conn)
             hold.release()
             raise
-        return SqliteWriter(conn, session_id, token, hold), log
+        return SqliteWriter(conn, session_id, token, hold, RunningCheck(log.check)), log
 
     def load(self, session_id: str) -> LoadedLog:
         conn = self._read_conn()
@@ -373,7 +385,28 @@ class SqliteBackend(Backend):
             events, _ = decode_events(body, location, first_line=1, tail_may_be_torn=False)
         except RecursionError:
             raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
-        return LoadedLog(header, events, location)
+        check, last = verify_checks(body, 0, len(body), location, first_line=0, unit="seq")
+        check.next_seq = len(events)
+        stamp = self._stamp(conn, session_id)
+        if stamp is not None and stamp != last:
+            raise CorruptDatabase(location, "stored events are missing or changed: the session row's record of the "
+                                            "newest check does not match the events")
+        return LoadedLog(header, events, location, check=check)
+
+    def _stamp(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, int] | None:
+        """The session row's record of its newest check, (offset in the body, value) (None: written before rev 3, or
+        never durably)."""
+        if not self._has_chk_column(conn):
+            return None
+        (raw,) = conn.execute("SELECT chk FROM sessions WHERE id = ?", (session_id,)).fetchone() or (None,)
+        offset, _, value = str(raw or "").partition(":")
+        try:
+            return (int(offset), int(value, 16)) if raw is not None else None
+        except ValueError:
+            return (-1, -1)  # unreadable: never equal to a check found
+
+    def _has_chk_column(self, conn: sqlite3.Connection) -> bool:
+        return any(col[1] == "chk" for col in conn.execute("PRAGMA table_info(sessions)"))
 
     def exists(self, session_id: str) -> bool:
         conn = self._read_conn()

@@ -196,3 +196,109 @@ def test_arguments_over_one_megabyte_are_refused_and_stored_cut(tmp_path, backen
     assert result["error_code"] == "BAD_ARGUMENTS" and "over the 1,000,000-byte limit" in result["content"]
     assert json.loads(listed.stdout)["size"] < 100_000  # stored cut, not 1.5 MB twice
     assert len(json.dumps(second)) < 100_000  # and the model is not sent the megabytes back either
+
+
+# -- damage -----------------------------------------------------------------------------------------------------------
+
+
+def change_one_stored_byte(home: Path, backend: str, needle: bytes, replacement: bytes) -> None:
+    """Behind Cairn's back: one byte of one stored event changed, the JSON still valid (bit rot, a stray edit)."""
+    assert len(needle) == len(replacement)
+    if backend == "jsonl":
+        path = home / "sessions" / "s.jsonl"
+        data = path.read_bytes()
+        assert data.count(needle) == 1
+        path.write_bytes(data.replace(needle, replacement))
+    elif backend == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(home / "sessions.sqlite3") as db:
+            (seq, body), = [(s, bytes(b)) for s, b in db.execute("SELECT seq, body FROM events") if needle in bytes(b)]
+            db.execute("UPDATE events SET body = ? WHERE seq = ? AND session_id = 's'", (body.replace(needle, replacement), seq))
+    else:
+        from pg_helpers import connect_to
+
+        with connect_to(os.environ["CAIRN_DATABASE_URL"]) as db:
+            (seq, body), = [(s, bytes(b)) for s, b in db.execute("SELECT seq, body FROM events") if needle in bytes(b)]
+            db.execute("UPDATE events SET body = %s WHERE seq = %s AND session_id = 's'", (body.replace(needle, replacement), seq))
+
+
+def test_a_byte_changed_inside_a_stored_text_is_damage_named_and_nothing_is_written(tmp_path, backend_name):
+    home = tmp_path / "home"
+    (tmp_path / "ws").mkdir()
+    for prompt in ("list files", "read README.md please", "write notes.txt: hello"):
+        args = ("run", "--yes", "--session-id", "s", prompt) if prompt == "list files" else \
+               ("run", "--yes", "--resume", "s", prompt)
+        proc = subprocess.run([CAIRN, *args], env=env_for(home, backend_name), cwd=tmp_path / "ws",
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    before = cairn(home, backend_name, "show", "s", "--json").stdout
+    change_one_stored_byte(home, backend_name, b"README.md please", b"README.md pleas3")
+
+    for args in (("show", "s"), ("show", "s", "--json"), ("export", "s"), ("run", "--resume", "s", "more")):
+        assert_one_line(cairn(home, backend_name, *args), 4, "changed after they were written")
+    (row,) = [json.loads(line) for line in cairn(home, backend_name, "sessions", "--all", "--json").stdout.splitlines()]
+    assert row["status"] == "unreadable" and "changed after they were written" in row["reason"]
+    change_one_stored_byte(home, backend_name, b"README.md pleas3", b"README.md please")
+    assert cairn(home, backend_name, "show", "s", "--json").stdout == before  # the refusals wrote nothing
+
+
+def env_for(home: Path, backend: str) -> dict[str, str]:
+    env = {"PATH": os.environ["PATH"], "HOME": str(home.parent), "CAIRN_HOME": str(home), "LANG": "C.UTF-8",
+           "CAIRN_PROVIDER": "demo", "CAIRN_DEMO_DELAY_MS": "0", "CAIRN_BACKEND": backend}
+    if "CAIRN_DATABASE_URL" in os.environ:
+        env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
+    return env
+
+
+@pytest.mark.parametrize("lost", ["the last turn's events", "every event"])
+def test_sqlite_events_lost_behind_cairns_back_are_damage_not_a_shorter_history(tmp_path, lost):
+    import sqlite3
+
+    home = tmp_path / "home"
+    (tmp_path / "ws").mkdir()
+    for args in (("run", "--session-id", "s", "list files"), ("run", "--resume", "s", "read README.md")):
+        proc = subprocess.run([CAIRN, *args], env=env_for(home, "sqlite"), cwd=tmp_path / "ws", capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(home / "sessions.sqlite3") as db:
+        bodies = {seq: json.loads(body) for seq, body in db.execute("SELECT seq, body FROM events")}
+        first_of_turn_2 = min(seq for seq, e in bodies.items() if e["type"] == "turn/start" and e["turn"] == 2)
+        db.execute("DELETE FROM events WHERE seq >= ?", (first_of_turn_2 if lost != "every event" else 0,))
+    for args in (("show", "s"), ("run", "--resume", "s", "more")):
+        assert_one_line(cairn(home, "sqlite", *args), 4, "missing or changed")
+    (row,) = [json.loads(line) for line in cairn(home, "sqlite", "sessions", "--all", "--json").stdout.splitlines()]
+    assert row["status"] == "unreadable"
+
+
+async def test_a_sqlite_database_from_before_the_checks_loads_and_is_checked_from_then_on(tmp_path):
+    import sqlite3
+
+    from test_contract import complete_turn
+
+    home = tmp_path / "home"
+    home.mkdir()
+    with sqlite3.connect(home / "sessions.sqlite3") as db:  # rev 2's schema: no chk column, no checks in the bodies
+        db.executescript("""
+            CREATE TABLE sessions (id TEXT PRIMARY KEY, format TEXT NOT NULL, version INTEGER NOT NULL,
+                                   created INTEGER NOT NULL, cwd TEXT NOT NULL, writer TEXT);
+            CREATE TABLE events (session_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL,
+                                 PRIMARY KEY (session_id, seq)) WITHOUT ROWID;""")
+        db.execute("INSERT INTO sessions VALUES ('old', 'cairn-session', 1, 1, '/w', NULL)")
+        from cairn.persistence.events import encode_event
+
+        for seq, event in enumerate(complete_turn(1, "hello")):
+            event.seq, event.time = seq, 1 + seq
+            db.execute("INSERT INTO events VALUES ('old', ?, ?)", (seq, encode_event(event)))
+    store = SessionStore(home, "sqlite")
+    assert len(store.inspect("old").events) == 8
+    from cairn.persistence.session import LiveSession
+    from cairn.persistence.events import TurnStart
+
+    async with LiveSession(store.open_for_resume("old")) as live:
+        live.append(TurnStart(turn=2))
+    assert len(store.inspect("old").events) == 9
+    with sqlite3.connect(home / "sessions.sqlite3") as db:  # now the old events are covered by the new check
+        db.execute("UPDATE events SET body = replace(body, 'hello', 'jello') WHERE session_id = 'old'")
+    with pytest.raises(Exception, match="changed after they were written"):
+        store.inspect("old")

@@ -7,6 +7,8 @@ after it. A bad line anywhere else is corruption, reported as `path:line`.
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import pytest
@@ -107,7 +109,9 @@ async def test_every_cut_in_the_last_three_lines_keeps_exactly_the_complete_line
 
         async with LiveSession(store.open_for_resume("s")) as live:
             repaired = live.repaired
-            assert path.read_bytes() == original[:kept] + b"".join(encode_event(e) + b"\n" for e in repaired), name
+            written = re.sub(rb',"chk":"[0-9a-f]{8}(?:@[0-9]+)?"}\n', b"}\n", path.read_bytes()[kept:])  # (its damage check)
+            assert path.read_bytes()[:kept] == original[:kept], name
+            assert written == b"".join(encode_event(e) + b"\n" for e in repaired), name
             live.append(RecoveryVerdict(call_id="c1", verdict="unknown", note=name))
             await live.flush()
 

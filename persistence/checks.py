@@ -1,0 +1,133 @@
+"""Damage is never read as history (SPEC §5 rev 3): a running CRC over a session's stored event lines.
+
+Parsing alone cannot see a flipped byte inside a string, so every backend keeps one running crc32 over the session's
+event lines in order (each line's bytes and its newline: exactly the JSONL body, and the rows of SQLite and PostgreSQL
+joined the same way). The last event of every durable batch carries the running value as it stood just before that
+line's closing brace, and where the previous check sits, as one more field: `…,"chk":"1a2b3c4d@5120"}` (the byte offset
+of the previous check's field in the body; none on the first). The field itself is left out of the sum, so the value
+depends only on the events, never on which of them carried a check.
+
+On load the checks are found from the end (the last one is near it) by following those offsets back, then every one is
+recomputed over the bytes before it: one crc32 call per check over the body in place, and no scan of the whole body for
+marks. A mismatch is damage, named by the lines it covers (exit 4). Events after the last check (a crash after a
+write-behind, before the next barrier) are not covered yet, nor are logs written before rev 3; both still load, and the
+writer that resumes them continues the sum over everything it loaded, so its next check covers them too.
+
+Readers of format version 1 ignore the unknown field; `"chk"` cannot occur raw inside a JSON string (its quotes would
+be escaped there), so the mark is found by a plain byte search.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+from .backend import EncodedEvent
+from .errors import CorruptLog
+
+MARK = b',"chk":"'
+_VALUE = re.compile(rb'([0-9a-f]{8})(?:@([0-9]{1,15}))?"}')
+TAIL_SEARCH = 1 << 16  # the last check is looked for this far back first (then the whole body)
+
+
+@dataclass
+class Position:
+    """Where the writer stands in the stored body: the running crc, the next seq, the body's length (check fields
+    included) and the offset of the last check field."""
+
+    state: int = 0
+    next_seq: int = 0
+    end: int = 0
+    last_check: int = -1
+
+
+class RunningCheck:
+    """The writer's side: the running crc over what is stored, and the checks it puts on durable batches."""
+
+    def __init__(self, at: Position | None = None) -> None:
+        self.at = at or Position()
+        self.last: tuple[int, int] | None = None  # (offset, value) of the check the last stamped batch carries
+
+    def stamp(self, batch: list[EncodedEvent], durable: bool) -> tuple[list[EncodedEvent], Position]:
+        """The batch as it is to be stored, and the position once it is. Events already covered (a re-send after a
+        failed barrier) count once; a durable batch's last new event carries the check. The caller keeps the new
+        position (`advance`) only when the write succeeded."""
+        at = self.at
+        new = [data for seq, data in batch if seq >= at.next_seq]
+        if not new:
+            return batch, at
+        joined = b"\n".join(new) + b"\n"
+        if not durable:
+            return batch, Position(zlib.crc32(joined, at.state), batch[-1][0] + 1, at.end + len(joined), at.last_check)
+        before_brace = zlib.crc32(memoryview(joined)[:-2], at.state)
+        seq, last = batch[-1]
+        field = b',"chk":"%08x' % before_brace + (b"@%d" % at.last_check if at.last_check >= 0 else b"") + b'"'
+        stamped = batch[:-1] + [(seq, last[:-1] + field + b"}")]
+        check_at = at.end + len(joined) - 2
+        self.last = (check_at, before_brace)
+        return stamped, Position(zlib.crc32(b"}\n", before_brace), seq + 1, at.end + len(joined) + len(field), check_at)
+
+    def advance(self, at: Position) -> None:
+        self.at = at
+
+
+def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
+                  unit: str = "line") -> tuple[Position, tuple[int, int] | None]:
+    """Recompute every check in `buf[start:end]` (whole event lines); raise CorruptLog at the first that does not match.
+    Returns where a resuming writer continues (the running crc over the range with the checks left out, offsets
+    relative to `start`; `next_seq` is left to the caller) and the last check as (offset, value), or None.
+
+    Blank lines hold nothing and the decoder skips them (SPEC §5); Cairn never writes one, so only when a check fails
+    is the range checked again without them."""
+    try:
+        return _verify(buf, start, end, path, first_line, unit)
+    except CorruptLog:
+        lines = bytes(memoryview(buf)[start:end]).split(b"\n")
+        kept = [line for line in lines[:-1] if line.strip()]
+        if len(kept) == len(lines) - 1:
+            raise
+        try:
+            return _verify(b"\n".join(kept) + b"\n", 0, sum(len(line) + 1 for line in kept), path, first_line, unit)
+        except CorruptLog:
+            pass
+        raise
+
+
+def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
+            unit: str) -> tuple[Position, tuple[int, int] | None]:
+    view = memoryview(buf)
+    chain: list[tuple[int, int, int]] = []  # (offset of the field, value, length of the field), last first
+    at = buf.rfind(MARK, max(start, end - TAIL_SEARCH), end)
+    if at < 0 and end - start > TAIL_SEARCH:
+        at = buf.rfind(MARK, start, end)
+    while at >= 0:
+        found = _VALUE.match(buf, at + len(MARK), min(end, at + len(MARK) + 30))
+        if found is None:
+            raise CorruptLog(path, *_where(buf, start, at, at, first_line, unit))
+        chain.append((at, int(found.group(1), 16), found.end() - 1 - at))
+        if found.group(2) is None:
+            break
+        previous = start + int(found.group(2))
+        if not (start <= previous < at and buf.startswith(MARK, previous)):
+            raise CorruptLog(path, *_where(buf, start, at, at, first_line, unit))
+        at = previous
+    if chain and buf.rfind(MARK, start, chain[-1][0]) >= 0:
+        # a check before the first one in the chain: the offset that should have led to it was changed
+        raise CorruptLog(path, *_where(buf, start, start, chain[-1][0], first_line, unit))
+    state, covered = 0, start  # the sum so far covers buf[start:covered], check fields left out
+    for at, value, length in reversed(chain):
+        state = zlib.crc32(view[covered:at], state)
+        if state != value:
+            raise CorruptLog(path, *_where(buf, start, covered, at, first_line, unit))
+        covered = at + length
+    last = (chain[0][0] - start, chain[0][1]) if chain else None
+    return Position(zlib.crc32(view[covered:end], state), 0, end - start, chain[0][0] - start if chain else -1), last
+
+
+def _where(buf: bytes, start: int, covered: int, at: int, first_line: int, unit: str) -> tuple[int, str]:
+    """The line (or seq) of the failed check, and a reason naming the lines it covers (where the damage is)."""
+    line = first_line + buf.count(b"\n", start, at)
+    since = first_line + buf.count(b"\n", start, covered)
+    where = f"{unit} {line}" if since == line else f"{unit}s {since}–{line}"
+    return line, f"the stored events were changed after they were written (the check of {where} does not match)"
