@@ -29,6 +29,7 @@ psycopg is imported only here, and this module only when the backend is chosen (
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import secrets
@@ -61,6 +62,16 @@ CONNECT_TIMEOUT = 10  # seconds, unless the URL says otherwise
 # The server ends a lock connection whose machine vanished (no FIN ever comes) after idle + interval * count seconds
 # of silence, and so releases its lock: a session on a lost laptop can be resumed elsewhere about half a minute later.
 LOCK_KEEPALIVE = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
+# psycopg logs (at warning level) errors it ignores while cleaning up after a lost connection ("error ignored
+# terminating <psycopg.Pipeline [BAD]>: the connection is lost"): Cairn reports what matters itself, in one line.
+_psycopg_log = logging.getLogger("psycopg")
+_psycopg_log.addHandler(logging.NullHandler())
+_psycopg_log.propagate = False
+
+# A lost connection is retried for this long (SPEC §5 rev 3), waiting 0.1 s, 0.2 s, … up to 2 s between attempts.
+RECONNECT_FOR = 30.0
+RECONNECT_FIRST_DELAY = 0.1
+RECONNECT_MAX_DELAY = 2.0
 # A holder on this host whose process is gone is a lock the server has not yet noticed is free: wait this long for it.
 DEAD_HOLDER_WAIT = 10.0
 _SCHEMA_LOCK = 0x636169726E5F7363  # transaction-level advisory lock serializing schema creation ("cairn_sc")
@@ -211,11 +222,26 @@ class PostgresWriter(Writer):
         self.check = RunningCheck()  # open_writer continues it from the loaded log
 
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:
-        for _ in range(2):
-            if self._write(batch, durable):
-                return sum(len(data) for _, data in batch)
-            self._retake_lock()  # our lock was lost while our token stands: take it back, then write again
-        raise StaleWriter(f"session {self._id!r} could not be re-locked for writing; this writer stops")
+        """Write the batch; a lost connection (a server restart, a failover) is retried with backoff for up to
+        RECONNECT_FOR seconds before the write fails (SPEC §5 rev 3). Runs in a worker thread: sleeping is fine."""
+        deadline = None
+        delay = RECONNECT_FIRST_DELAY
+        while True:
+            try:
+                for _ in range(2):
+                    if self._write(batch, durable):
+                        return sum(len(data) for _, data in batch)
+                    self._retake_lock()  # our lock was lost while our token stands: take it back, then write again
+                raise StaleWriter(f"session {self._id!r} could not be re-locked for writing; this writer stops")
+            except StoreUnavailable as e:
+                if not isinstance(e.cause, psycopg.OperationalError):
+                    raise
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + RECONNECT_FOR
+                if now >= deadline:
+                    raise StoreUnavailable(f"{e} (still unreachable after {RECONNECT_FOR:g} s of retries)", e.cause) from None
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, RECONNECT_MAX_DELAY)
 
     def _write(self, batch: list[EncodedEvent], durable: bool) -> bool:
         """One transaction: check writer + lock and stamp `updated`, insert the batch, commit (durably or not).

@@ -89,6 +89,10 @@ class PrivateServer:
         self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-m", "fast",
                  "-o", f"-p 5432 -k {self.dir} -c listen_addresses=''", "restart")
 
+    def halt(self) -> None:
+        """Stop the server and keep its data (start() brings it back)."""
+        self._pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
     def chown(self, path: Path) -> None:
         if self._as_postgres:
             shutil.chown(path, "postgres", "postgres")

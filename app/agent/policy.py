@@ -77,5 +77,6 @@ class CheckpointPolicy:
         try:
             await self.barrier("turn-end")
         except CheckpointFailed as e:
-            self.report(f"turn {ctx.turn} ended but is not durable yet: {e}; the next checkpoint retries")
+            self.report(f"turn {ctx.turn} ended but is not durable yet: {e}; its events stay queued, and Cairn "
+                        "writes them at its next checkpoint or when it closes the session")
         return await call_next()
