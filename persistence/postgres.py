@@ -539,12 +539,12 @@ class PostgresBackend(Backend):
             lock_conn = self.take_lock(session_id)
             token = secrets.token_hex(8)
             try:
+                log = self._load_with(conn, session_id)  # checked before anything is written (we hold the lock)
                 with conn.transaction():
                     conn.execute(f"SET LOCAL synchronous_commit = {self.durable_level(conn)}")
                     cur = conn.execute("UPDATE sessions SET writer = %s WHERE id = %s", (token, session_id))
                 if cur.rowcount == 0:
                     raise SessionNotFound(session_id)
-                log = self._load_with(conn, session_id)
             except psycopg.Error as e:
                 raise self.translate(e, f"open session {session_id!r} in") from None
         except BaseException:

@@ -333,12 +333,11 @@ class SqliteBackend(Backend):
             _close_quietly(conn)
             raise
         try:
+            # checked before anything is written: a damaged session (or database) is refused untouched
             conn.execute("BEGIN IMMEDIATE")
-            cur = conn.execute("UPDATE sessions SET writer = ? WHERE id = ?", (token, session_id))
-            conn.execute("COMMIT")
-            if cur.rowcount == 0:
-                raise SessionNotFound(session_id)
             log = self._load_with(conn, session_id)
+            conn.execute("UPDATE sessions SET writer = ? WHERE id = ?", (token, session_id))
+            conn.execute("COMMIT")
             conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
         except sqlite3.Error as e:
             _close_quietly(conn)

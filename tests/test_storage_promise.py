@@ -302,3 +302,29 @@ async def test_a_sqlite_database_from_before_the_checks_loads_and_is_checked_fro
         db.execute("UPDATE events SET body = replace(body, 'hello', 'jello') WHERE session_id = 'old'")
     with pytest.raises(Exception, match="changed after they were written"):
         store.inspect("old")
+
+
+def test_damaged_sqlite_pages_are_unreadable_never_an_empty_history(tmp_path):
+    """Bytes overwritten from page 5 on (a failing disk): every command refuses with exit 4 or lists the sessions as
+    unreadable with the reason; nothing is written into the damaged file."""
+    import sqlite3
+
+    home = tmp_path / "home"
+    (tmp_path / "ws").mkdir()
+    for i in range(6):
+        for args in (("run", "--session-id", f"s{i}", "list files"), ("run", "--resume", f"s{i}", "read README.md")):
+            proc = subprocess.run([CAIRN, *args], env=env_for(home, "sqlite"), cwd=tmp_path / "ws",
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+    path = home / "sessions.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    data[4 * 4096:] = bytes(len(data) - 4 * 4096)
+    path.write_bytes(bytes(data))
+
+    rows = [json.loads(line) for line in cairn(home, "sqlite", "sessions", "--all", "--json").stdout.splitlines()]
+    assert rows and all(r["status"] == "unreadable" and r["reason"] for r in rows), rows
+    for args in (("show", "s5"), ("export", "s5"), ("run", "--resume", "s5", "more")):
+        assert_one_line(cairn(home, "sqlite", *args), 4, "sessions.sqlite3")
+    assert path.read_bytes() == bytes(data)
