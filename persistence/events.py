@@ -75,6 +75,7 @@ class RequestHeader(Event, tag="request/header", kw_only=True):
     message_count: int
     profile: str | None = None  # rev 2: the config-file profile the provider settings came from (None: none)
     purpose: str = "turn"  # rev 3: "turn", or "compaction" for a summary request (every request has its header first)
+    endpoint: str | None = None  # rev 3: the base URL, credentials removed (None: no server, or written before rev 3)
 
 
 class AssistantChunk(Event, tag="assistant/chunk", kw_only=True):

@@ -219,7 +219,8 @@ def test_the_tui_resume_path_takes_the_sessions_provider(env, tmp_path):
 def test_config_for_session_keeps_the_model_only_with_its_provider(tmp_path):
     from cairn.persistence.events import RequestHeader
 
-    header = RequestHeader(turn=1, step=1, provider="openai", model="gpt-x", params={}, tools=[], message_count=2)
+    header = RequestHeader(turn=1, step=1, provider="openai", model="gpt-x", params={}, tools=[], message_count=2,
+                           endpoint="https://api.openai.com/v1")
     base = resolve_config(workspace=str(tmp_path), env={"CAIRN_API_KEY": "k"})
     assert (config_for_session(base, [header]).provider, config_for_session(base, [header]).model) == ("openai", "gpt-x")
     demo = resolve_config(workspace=str(tmp_path), provider="demo", env={})
@@ -429,3 +430,19 @@ def test_an_empty_cairn_home_or_home_option_is_refused_not_read_as_the_default(e
                          (cairn(env, "run", "hello", CAIRN_HOME=" "), "CAIRN_HOME is set but empty"),
                          (cairn(env, "--home", "", "sessions"), "--home is empty")):
         assert_one_line_error(proc, 2, needle)
+
+
+# -- issue 25 (2): the endpoint a session was sent to is kept on resume -------------------------------------------------
+
+
+def test_a_local_url_session_resumed_with_no_url_named_goes_to_the_same_server(env, tmp_path):
+    with OpenAIServer([text("first answer"), text("second answer")]) as server:
+        first = cairn(env, "run", "--provider", "openai", "--base-url", server.base_url, "--session-id", "local",
+                      "hello", CAIRN_API_KEY="sk-local-key")
+        assert first.returncode == 0, first.stderr
+        resumed = cairn(env, "run", "--provider", "openai", "--resume", "local", "again")  # no URL, no key named
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.stdout.strip() == "second answer" and len(server.requests) == 2
+        url = server.base_url
+    headers = [e for e in show_json(env, "local") if e["type"] == "request/header"]
+    assert [h["endpoint"] for h in headers] == [url, url]

@@ -183,12 +183,13 @@ def test_a_profiles_missing_key_is_exit_2_naming_its_variable_and_profile(config
 
 def test_a_chosen_profiles_provider_and_model_count_as_chosen_on_resume_the_default_profile_does_not(config_path):
     header = RequestHeader(seq=1, turn=1, step=1, provider="anthropic", model="claude-x", params={}, tools=[],
-                           message_count=2)
+                           message_count=2, endpoint="https://api.anthropic.com")
     env = {"DEEPSEEK_API_KEY": "sk-deep-1234", "ANTHROPIC_API_KEY": "sk-ant-777777"}
     by_default = config_for_session(resolve(config_path, env), [header])
     assert (by_default.provider, by_default.model) == ("anthropic", "claude-x")
-    # the default profile's endpoint belongs to its provider, not to the session's
-    assert by_default.base_url is None and by_default.api_key == "sk-ant-777777" and by_default.headers == {}
+    # the default profile's endpoint belongs to its provider, not to the session's: the session's own is kept
+    assert by_default.base_url == "https://api.anthropic.com" and by_default.api_key == "sk-ant-777777"
+    assert by_default.headers == {}
     chosen = config_for_session(resolve(config_path, env, profile="deepseek"), [header])
     assert (chosen.provider, chosen.model, chosen.base_url) == ("openai", "deepseek-chat", "https://api.deepseek.com")
     by_variable = config_for_session(resolve(config_path, {**env, "CAIRN_PROFILE": "local"}), [header])
@@ -328,3 +329,27 @@ async def test_every_readme_profile_works_against_a_local_server_speaking_its_ap
             assert expected == (f"key-for-{name}-123" if anthropic else f"Bearer key-for-{name}-123"), name
         for header, value in profile.get("headers", {}).items():
             assert sent.header(header) == value, name
+
+
+# -- the endpoint a session was sent to is kept (SPEC §6 rev 3) -------------------------------------------------------
+
+
+def test_a_resumed_session_keeps_its_recorded_endpoint_unless_the_operator_names_another(tmp_path):
+    header = RequestHeader(seq=1, turn=1, step=1, provider="openai", model="local-m", params={}, tools=[],
+                           message_count=2, endpoint="http://127.0.0.1:8081/v1")
+    kept = config_for_session(resolve_config(workspace=str(tmp_path), env={"CAIRN_PROVIDER": "openai"}), [header])
+    assert (kept.base_url, kept.sources["base_url"]) == ("http://127.0.0.1:8081/v1", "the resumed session's last request")
+    named = config_for_session(resolve_config(workspace=str(tmp_path), base_url="http://127.0.0.1:9/v1",
+                                              env={"CAIRN_PROVIDER": "openai"}), [header])
+    assert named.base_url == "http://127.0.0.1:9/v1"  # the operator's choice
+    old = RequestHeader(seq=1, turn=1, step=1, provider="openai", model="m", params={}, tools=[], message_count=2)
+    with pytest.raises(ConfigError, match="--base-url"):  # never the hosted default for a session that may be local
+        config_for_session(resolve_config(workspace=str(tmp_path), env={"CAIRN_PROVIDER": "openai"}), [old])
+
+
+def test_the_recorded_endpoint_holds_no_credential():
+    from cairn.app.providers.openai import endpoint_of
+
+    assert endpoint_of("https://user:pw@llm.example/v1?api-version=2&api_key=sk-1") == \
+        "https://llm.example/v1?api-version=2"
+    assert endpoint_of("http://127.0.0.1:8081/v1") == "http://127.0.0.1:8081/v1"

@@ -355,6 +355,7 @@ class AgentLoop:
                 turn=request.turn, step=request.step, provider=self.provider.name, model=self.provider.model,
                 params=request.params, tools=[t.name for t in request.tools], message_count=len(request.messages),
                 profile=self.profile, purpose=purpose,
+                endpoint=getattr(self.provider, "recorded_endpoint", None),
             )
         )
 

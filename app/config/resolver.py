@@ -73,6 +73,7 @@ class Config:
     # keeps its own otherwise
     provider_explicit: bool = False
     model_explicit: bool = False
+    base_url_explicit: bool = False  # the operator named the server (option, variable, or a profile chosen by one)
     # rev 2: the config file and the profile these settings came from, and the profile-only settings
     config_file: Path | None = None
     profile: str | None = None
@@ -181,6 +182,7 @@ def resolve_config(
         provider_explicit=provider_from.startswith(("flag", "env")) or (explicit_profile and provider_from != "default"),
         model=chosen_model,
         model_explicit=sources["model"].startswith(("flag", "env")) or (explicit_profile and chosen_model is not None),
+        base_url_explicit=sources["base_url"].startswith(("flag", "env", "option")) or (explicit_profile and url is not None),
         script=picker.pick("script", script, "--script", "CAIRN_SCRIPT"),
         base_url=url,
         timeout=picker.pick("timeout", None, "", "CAIRN_TIMEOUT", DEFAULT_TIMEOUT, _parse_number(0.0)),
@@ -370,7 +372,7 @@ def config_for_session(config: Config, events: Iterable[Any]) -> Config:
             "(or choose another provider with --provider)"
         )
     if provider == config.provider:
-        return dataclasses.replace(config, model=model)
+        return _keep_endpoint(dataclasses.replace(config, model=model, sources=dict(config.sources)), header)
     resumed = dataclasses.replace(config, provider=provider, model=model, sources=dict(config.sources))
     defaults = Config(home=config.home, backend=config.backend, provider=provider, model=None, script=None,
                       workspace=config.workspace)
@@ -381,7 +383,28 @@ def config_for_session(config: Config, events: Iterable[Any]) -> Config:
     resumed.sources["provider"] = "the resumed session"
     if resumed.sources.get("api_key_env", "").startswith("default"):
         resumed.api_key_env = None
-    return with_api_key(resumed)
+    return with_api_key(_keep_endpoint(resumed, header))
+
+
+def _keep_endpoint(config: Config, header: Any) -> Config:
+    """SPEC §6 rev 3: a conversation never goes to a host it was not sent to before unless the operator names that
+    host. With no server named, a resumed session continues with the endpoint its last request went to; a named one
+    (flag, variable, or a profile chosen by one) is the operator's choice. A session from before endpoints were
+    recorded, resumed with no server named, is refused rather than sent to the hosted default: it may have talked to a
+    local server, with a key meant for that one."""
+    if config.provider != header.provider or config.provider not in ("openai", "anthropic") or config.base_url_explicit:
+        return config
+    endpoint = getattr(header, "endpoint", None)
+    if endpoint:
+        config.base_url = endpoint
+        config.sources["base_url"] = "the resumed session's last request"
+        return config
+    if config.base_url is None:
+        raise ConfigError(
+            "this session's requests went to a server Cairn did not record (it was made before endpoints were kept); "
+            "name it to continue: --base-url URL (or CAIRN_BASE_URL, or --profile NAME), the hosted default included"
+        )
+    return config
 
 
 def provider_secrets(provider: Any) -> list[str]:

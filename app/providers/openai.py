@@ -161,6 +161,19 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def endpoint_of(url: str) -> str:
+    """`url` as a session records where it was sent (SPEC §2 rev 3): userinfo and key-like query parameters removed,
+    so it can be stored, shown and used again by a resume without holding a credential."""
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+    except ValueError:
+        return ""
+    query = "&".join(item for item in parts.query.split("&") if item
+                     and not is_secret_name(unquote_plus(item.partition("=")[0])))
+    return urlunsplit((parts.scheme, host, parts.path, query, parts.fragment))
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -300,6 +313,11 @@ class OpenAIProvider:
 
     def __repr__(self) -> str:  # never show the key or URL credentials
         return f"OpenAIProvider(model={self.model!r}, base_url={self._shown_url!r})"
+
+    @property
+    def recorded_endpoint(self) -> str:
+        """The base URL as `request/header.endpoint` records it (no credentials): where a resume sends requests."""
+        return endpoint_of(self.base_url)
 
     # ------------------------------------------------------------------ helpers
 
