@@ -168,6 +168,9 @@ async def test_a_verdict_sent_as_a_slash_command_is_recorded_before_the_next_tur
             said_bad = [u.content.text for u in client.updates if u.session_update == "agent_message_chunk"][-1]
             ok = await prompt(agent.conn, "crashed", "/verdict call_side happened the marker file is there")
             said = [u.content.text for u in client.updates if u.session_update == "agent_message_chunk"][-1]
+            # durable when answered (SPEC §2 rev 3), before any next prompt: another process reads it from disk
+            on_disk = rig.raw_log("crashed").decode().splitlines()
+            assert [json.loads(line)["verdict"] for line in on_disk if '"recovery/verdict"' in line] == ["happened"]
             await prompt(agent.conn, "crashed", "carry on")
             request = server.wait_for_requests(1)
     assert [c.name for c in commands] == ["verdict", "usage", "sessions", "compact"]

@@ -369,7 +369,8 @@ async def test_resume_screen_lists_repaired_calls_and_its_verdict_lands_before_t
         await wait_for(pilot, lambda: app.screen is screen, "back on the resume screen")
         assert screen.calls[0].verdict == "did_not_happen"
         assert str(table.get_row(DEPLOY.call_id)[4]) == "did_not_happen"
-        assert not any(isinstance(e, RecoveryVerdict) for e in app.session.events)  # appended on continue
+        # durable when the dialog closed (SPEC §2 rev 3), before Continue: on disk, not only in memory
+        assert [e.verdict for e in world.log("crashed-id") if isinstance(e, RecoveryVerdict)] == ["did_not_happen"]
 
         await pilot.press("c")
         await wait_for(pilot, lambda: isinstance(app.focused, PromptInput), "the chat to take the prompt")

@@ -279,7 +279,7 @@ class CairnAgent:
     async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
         host = self._host(session_id)
         text = prompt_text(prompt, host.config.workspace)
-        answer = self._command(host, text)
+        answer = await self._command(host, text)
         if answer is not None:
             host.pump.release()
             host.say(answer)
@@ -297,11 +297,11 @@ class CairnAgent:
         usage = host.turn_usage(result.turn) if result is not None else None
         return PromptResponse(stop_reason=stop_reason(result, session_id), usage=usage)
 
-    def _command(self, host: SessionHost, text: str) -> str | None:
+    async def _command(self, host: SessionHost, text: str) -> str | None:
         """The answer to a slash command (see COMMANDS); None when `text` is a prompt for the model."""
         name, _, rest = text.strip().partition(" ")
         if name == "/verdict":
-            return host.record_verdict(rest.strip())
+            return await host.record_verdict(rest.strip())
         if name == "/usage":
             events = host.agent.session.events if host.agent is not None else []
             totals = usage_totals(events, USAGE_FIELDS)

@@ -35,6 +35,7 @@ import anyio.abc
 from acp import update_agent_message_text
 from acp.schema import AllowedOutcome, PermissionOption, SessionMode, SessionModeState, ToolCallUpdate, Usage
 
+from cairn.persistence.errors import CheckpointFailed
 from cairn.persistence.events import AnyEvent, AssistantMessage, Decision, RecoveryVerdict, TurnStart
 from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.store import OpenedSession
@@ -249,7 +250,7 @@ class SessionHost:
         """A short agent message (command answers, notices)."""
         self.pump.put(update_agent_message_text(wire(text)))
 
-    def record_verdict(self, arguments: str) -> str:
+    async def record_verdict(self, arguments: str) -> str:
         """`/verdict <call_id> happened|did_not_happen|unknown [note]`, recorded as `recovery/verdict` between turns,
         exactly as the TUI's resume screen does; the model sees it in the next request. Returns the answer to show."""
         usage = "usage: /verdict <call_id> happened|did_not_happen|unknown [note]"
@@ -267,6 +268,12 @@ class SessionHost:
             return "a turn is running; send /verdict when it has ended"
         self.agent.loop.record_verdict(call_id, verdict, note)
         recorded = next(e for e in reversed(self.agent.session.events) if isinstance(e, RecoveryVerdict))
+        try:
+            await self.agent.session.flush()  # an operator's decision is durable at once (SPEC §2 rev 3)
+        except CheckpointFailed as e:
+            self.pump.put(self.view.verdict_update(recorded, waiting[call_id]))
+            return (f"Recorded `{call_id}` {verdict}, but it is not durable yet ({e.cause}); it is written at the next "
+                    "checkpoint.")
         self.pump.put(self.view.verdict_update(recorded, waiting[call_id]))
         return (f"Recorded: `{call_id}` {verdict}" + (f" ({note})" if note else "")
                 + ". The model will see it with your next prompt.")

@@ -158,7 +158,12 @@ class ChatScreen(Screen[None]):
         from .resume import ResumeScreen, ended_by_cancel
 
         return ResumeScreen(self.session.id, calls, prompt, text, workspace=self.config.workspace,
-                            cancelled=ended_by_cancel(self.session.events))
+                            cancelled=ended_by_cancel(self.session.events), save_verdict=self._save_verdict)
+
+    async def _save_verdict(self, call_id: str, verdict: str, note: str) -> None:
+        """An operator's verdict, durable before its dialog closes (SPEC §2 rev 3); raises CheckpointFailed."""
+        self.session.append(RecoveryVerdict(call_id=call_id, verdict=verdict, note=note))  # type: ignore[arg-type]
+        await self.session.flush()
 
     async def _run_agent(self) -> None:
         async with AsyncExitStack() as stack:
@@ -172,9 +177,7 @@ class ChatScreen(Screen[None]):
         # leaving the stack: the loop cancelled its turn and wrote the real closing events; the policy is removed
 
     def _resumed(self, calls: Any) -> None:
-        for call in calls or []:
-            if call.verdict:
-                self.session.append(RecoveryVerdict(call_id=call.call_id, verdict=call.verdict, note=call.note))
+        # each verdict was appended and made durable when its dialog closed (_save_verdict)
         self.resume_pending = False
         self.query_one(PromptInput).focus()
 

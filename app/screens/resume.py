@@ -5,8 +5,8 @@ It lists every recovered call (tool, arguments as wide as the screen allows, saf
 and a detail pane for the highlighted one: its full arguments as the approval showed them (a command verbatim, a file
 highlighted, an edit as a diff), what the model will be told, and for `run_command` whether its process is still
 running. It lets the operator record a verdict on OUTCOME_UNKNOWN calls, and shows the interrupted prompt and the last
-text (as Markdown). A turn the operator cancelled is worded as such, not as a crash. Dismissing it returns the
-verdicts chosen; the app appends them as `recovery/verdict` before any new `turn/start`.
+text (as Markdown). A turn the operator cancelled is worded as such, not as a crash. Each verdict is appended as
+`recovery/verdict` and made durable (`save_verdict`) before its dialog closes: a `kill -9` a moment later keeps it.
 
 "Still running" means: a process with the recorded pid exists, is not a zombie, and its start time (from
 /proc/<pid>/stat and the boot time) is within PID_START_SLACK of the `tool/progress` time, so a recycled pid is not
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from rich.text import Text
 from textual import on
@@ -159,9 +160,11 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
     ]
 
     def __init__(self, session_id: str, calls: list[RecoveredCall], prompt: str, last_text: str,
-                 workspace: Path | str = ".", cancelled: bool = False) -> None:
+                 workspace: Path | str = ".", cancelled: bool = False,
+                 save_verdict: Callable[[str, str, str], Awaitable[None]] | None = None) -> None:
         super().__init__()
         self.session_id = session_id
+        self.save_verdict = save_verdict  # makes a verdict durable before its dialog closes
         self.calls = calls
         self.prompt = prompt
         self.last_text = last_text
@@ -262,7 +265,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             table.update_cell(call.call_id, self._verdict_column, Text(safe_text(call.verdict)))
             self._show_told(table.cursor_row)
 
-        self.app.push_screen(VerdictDialog(call.call_id, call.tool), record)
+        self.app.push_screen(VerdictDialog(call.call_id, call.tool, self.save_verdict), record)
 
     def action_inspect(self) -> None:
         from .inspector import open_inspector

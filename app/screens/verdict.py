@@ -5,6 +5,8 @@ Enter records the highlighted one (from the list or from the note); Esc cancels.
 
 from __future__ import annotations
 
+from typing import Awaitable, Callable
+
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -21,7 +23,8 @@ VERDICTS = (("happened", "It happened"), ("did_not_happen", "It did not happen")
 
 
 class VerdictDialog(ModalScreen[tuple[str, str] | None]):
-    """Returns (verdict, note), or None when dismissed without a choice."""
+    """Returns (verdict, note), or None when dismissed without a choice. With `save`, the verdict is made durable
+    before the dialog closes (SPEC §2 rev 3: an operator's decision is never held only in memory)."""
 
     DEFAULT_CSS = """
     VerdictDialog { align: center middle; }
@@ -38,10 +41,13 @@ class VerdictDialog(ModalScreen[tuple[str, str] | None]):
         Binding("u", "pick(2)", "Unknown", show=False),
     ]
 
-    def __init__(self, call_id: str, tool: str) -> None:
+    def __init__(self, call_id: str, tool: str,
+                 save: Callable[[str, str, str], Awaitable[None]] | None = None) -> None:
         super().__init__()
         self.call_id = call_id
         self.tool = tool
+        self.save = save
+        self._saving = False
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -78,8 +84,26 @@ class VerdictDialog(ModalScreen[tuple[str, str] | None]):
             self.query_one(OptionList).focus()
             return
         verdict = VERDICTS[index][0]
-        self.dismiss((verdict, self.query_one("#note", Input).value.strip()))
+        note = self.query_one("#note", Input).value.strip()
+        if self.save is None:
+            self.dismiss((verdict, note))
+        elif not self._saving:
+            self._saving = True
+            self.query_one("#hint", Label).update("Saving…")
+            self.run_worker(self._save(verdict, note), exclusive=True)
+
+    async def _save(self, verdict: str, note: str) -> None:
+        from cairn.persistence.errors import CheckpointFailed
+
+        assert self.save is not None
+        try:
+            await self.save(self.call_id, verdict, note)
+        except CheckpointFailed as e:
+            self.app.notify(f"Verdict recorded but not durable yet ({e.cause}); it is written at the next checkpoint.",
+                            severity="warning")
+        self.dismiss((verdict, note))
 
     @on(Button.Pressed, "#cancel")
     def action_cancel(self) -> None:
-        self.dismiss(None)
+        if not self._saving:
+            self.dismiss(None)
