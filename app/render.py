@@ -98,7 +98,8 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
             nested = f" (nested in {e.parent_call_id})" if e.parent_call_id else ""
             out.append(f"  → {e.name}({summarize_arguments(e.arguments)}) [{e.safety}] {e.call_id}{nested}")
         elif isinstance(e, ApprovalDecided):
-            out.append(f"  ? approval for {e.call_id}: {e.decision}")
+            scope = f" ({e.scope})" if e.scope else ""
+            out.append(f"  ? approval for {e.call_id}: {e.decision}{scope}")
         elif isinstance(e, ToolResult):
             name = names.get(e.call_id, "tool")
             out.append(f"  ← {name} {e.call_id}: {result_status(e)} — {first_line(e.content)}{mark}")

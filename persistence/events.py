@@ -15,7 +15,9 @@ FORMAT = "cairn-session"
 FORMAT_VERSION = 1
 
 Safety = Literal["read_only", "idempotent", "side_effecting"]
-Decision = Literal["allowed_once", "allowed_session", "denied", "cancelled"]
+# rev 3: `allowed_prefix` (a run_command grant limited to a prefix, in `scope`) and `granted` (ran without asking,
+# because of the earlier grant named in `scope`): every call that runs has the decision that let it run in the log
+Decision = Literal["allowed_once", "allowed_session", "allowed_prefix", "granted", "denied", "cancelled"]
 TurnEndReason = Literal["completed", "cancelled", "error", "interrupted"]
 Verdict = Literal["happened", "did_not_happen", "unknown"]
 
@@ -171,6 +173,7 @@ class ApprovalDecided(Event, tag="approval/decided", kw_only=True):
     step: int
     call_id: str
     decision: Decision
+    scope: str | None = None  # rev 3: the prefix granted (`allowed_prefix`), or the grant that let it run (`granted`)
 
 
 class ToolCall(Event, tag="tool/call", kw_only=True):

@@ -130,7 +130,8 @@ def two_commands(rig: Rig) -> list[dict]:
 
 @pytest.mark.parametrize("choice, asked, decisions", [
     ("allow_once", ["c1", "c2"], ["allowed_once", "allowed_once"]),
-    ("allow_always", ["c1"], ["allowed_session"]),  # the second call of the same tool is not asked about again
+    # the second call of the same tool is not asked about again, and the log names the grant that let it run
+    ("allow_always", ["c1"], ["allowed_session", "granted"]),
 ])
 async def test_permission_allowed_runs_the_calls_and_records_the_decisions(rig, choice, asked, decisions):
     client = RecordingClient([choice, choice])

@@ -313,7 +313,7 @@ async def test_deny_with_a_note_sends_the_note_to_the_model_as_the_tool_result(t
 
 
 async def test_allowing_a_command_prefix_is_shown_covers_only_it_and_permissions_revokes_it(tmp_path):
-    script = [{"text": "One.", "tool_calls": [{"name": "run_command", "arguments": {"command": "echo one > a.txt"}}]},
+    script = [{"text": "One.", "tool_calls": [{"name": "run_command", "arguments": {"command": "echo one"}}]},
               {"text": "Two.", "tool_calls": [{"name": "run_command", "arguments": {"command": "echo two"}}]},
               {"text": "Three.", "tool_calls": [{"name": "run_command", "arguments": {"command": "printf x > b"}}]},
               {"text": "Done."}]
@@ -330,7 +330,16 @@ async def test_allowing_a_command_prefix_is_shown_covers_only_it_and_permissions
         await wait_for(pilot, lambda: "allowed: run_command: echo" in status_text(app), "the grant in the status bar")
         await pilot.press("d")
         await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
-        assert decisions(app) == ["allowed_session", "denied"]  # "echo two" was never asked about
+        # "echo two" was never asked about, and the log says which grant let it run (SPEC §2 rev 3)
+        assert decisions(app) == ["allowed_prefix", "granted", "denied"]
+        scopes = [e.scope for e in app.session.events if isinstance(e, ApprovalDecided)]
+        assert scopes == ["echo", "run_command: echo", None]
+        from cairn.app.commands.housekeeping import markdown
+        from cairn.app.render import render_session
+
+        events = list(app.session.events)
+        assert "approval: granted (run_command: echo)" in markdown("s", "/w", events, len(events))  # export
+        assert "call_1_2_1: granted (run_command: echo)" in render_session(events)  # cairn show
 
         await submit(pilot, "/permissions")
         await wait_for(pilot, lambda: any("1. run_command: echo" in n for n in notices(app)), "the grants listed")
@@ -684,4 +693,25 @@ async def test_verdict_dialog_preselects_nothing_and_enter_records_the_highlight
         await wait_for(pilot, lambda: app.screen is screen, "recorded")
         assert screen.calls[0].verdict == "unknown"
         await pilot.press("c")
+        await pilot.press("ctrl+q")
+
+
+@pytest.mark.parametrize("command", ["ls; echo x > f.txt", "ls && rm -rf build", "cat a | sh", "echo $(id)",
+                                     "ls\nrm x", "echo `id`", "ls > out"])
+async def test_a_compound_command_is_never_offered_a_prefix_grant(tmp_path, command):
+    world = make_world(tmp_path, command_script(command))
+    app = world.new_app()
+    async with running(app) as pilot:
+        await submit(pilot, "go")
+        modal = await approval_ready(pilot, app)
+        assert modal.prefix == ""
+        choices = modal.query_one("#choices", OptionList)
+        offered = [choices.get_option_at_index(i).id for i in range(choices.option_count)]
+        assert offered == ["allowed_once", "allowed_session", "denied", "note"], offered
+        await pilot.press("p")  # does nothing: the dialog stays open
+        await pilot.pause(0.1)
+        assert app.screen is modal
+        await pilot.press("d")
+        await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
+        assert decisions(app) == ["denied"]
         await pilot.press("ctrl+q")

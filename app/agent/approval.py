@@ -23,7 +23,7 @@ class ApprovalRequest:
 @dataclass(frozen=True)
 class ApprovalAnswer:
     """A decision with what only an interactive face can add: a note the model gets with a denial, and, for an
-    `allowed_session` on `run_command`, the command prefix the grant is limited to ("" = the whole tool)."""
+    `allowed_prefix` on `run_command`, the command prefix the grant is limited to."""
 
     decision: Decision
     note: str = ""
@@ -51,8 +51,11 @@ def command_prefix_covers(prefix: str, command: object) -> bool:
 
 
 def first_word(command: object) -> str:
-    """The prefix offered for a session grant: the command's first word (`pytest` of `pytest -q tests`)."""
-    return command.split()[0] if isinstance(command, str) and command.split() else ""
+    """The prefix offered for a session grant: the command's first word (`pytest` of `pytest -q tests`); none for a
+    compound command (`ls; echo x > f`), which a prefix grant could never cover (SHELL_CONTROL)."""
+    if not isinstance(command, str) or SHELL_CONTROL.search(command) or not command.split():
+        return ""
+    return command.split()[0]
 
 
 @dataclass
@@ -64,10 +67,17 @@ class Grants:
     command_prefixes: set[str] = field(default_factory=set)
 
     def covers(self, name: str, arguments: object) -> bool:
+        return self.covering(name, arguments) is not None
+
+    def covering(self, name: str, arguments: object) -> str | None:
+        """The label of the grant that lets this call run without asking (what `granted` records), or None."""
         if name in self.tools:
-            return True
+            return name
         command = arguments.get("command") if isinstance(arguments, dict) and name == "run_command" else None
-        return any(command_prefix_covers(p, command) for p in self.command_prefixes)
+        for prefix in sorted(self.command_prefixes):
+            if command_prefix_covers(prefix, command):
+                return f"run_command: {prefix}"
+        return None
 
     def add(self, name: str, command_prefix: str = "") -> None:
         if name == "run_command" and command_prefix:

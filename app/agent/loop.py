@@ -584,9 +584,15 @@ class AgentLoop:
                 f"The arguments are {size:,} bytes, over the {MAX_ARGUMENT_BYTES:,}-byte limit; the call did not run. "
                 "Send smaller arguments (for a large file, write it in parts).", BAD_ARGUMENTS))
             return
-        if needs_approval(tool.safety) and not self.grants.covers(tool.name, request.arguments):
+        granted = self.grants.covering(tool.name, request.arguments) if needs_approval(tool.safety) else None
+        if granted is not None:  # ran without asking: the log still says which decision let it run
+            self.session.append(ApprovalDecided(turn=st.turn, step=st.step or 0, call_id=request.call_id,
+                                                decision="granted", scope=granted))
+        elif needs_approval(tool.safety):
             answer = await self._ask(st, call, tool.safety)
             if answer.decision == "allowed_session":
+                self.grants.add(tool.name)
+            elif answer.decision == "allowed_prefix":
                 self.grants.add(tool.name, answer.command_prefix)
             elif answer.decision != "allowed_once":
                 note = f" The operator's note: {answer.note}" if answer.note else ""
@@ -602,8 +608,9 @@ class AgentLoop:
         answer = as_answer(await self.approver(
             ApprovalRequest(r.call_id, r.name, r.arguments, safety, st.turn, st.step or 0)))
         call.asked = False
+        scope = answer.command_prefix if answer.decision == "allowed_prefix" else None
         self.session.append(ApprovalDecided(turn=st.turn, step=st.step or 0, call_id=r.call_id,
-                                            decision=answer.decision))
+                                            decision=answer.decision, scope=scope))
         if answer.decision == "cancelled":  # the operator cancelled the turn from the approval prompt
             self.cancel()
             await anyio.lowlevel.checkpoint()

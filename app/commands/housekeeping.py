@@ -15,6 +15,7 @@ from cairn.persistence.events import (
     TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
+    ApprovalDecided,
     AssistantMessage,
     ContextCompaction,
     RecoveryVerdict,
@@ -76,6 +77,7 @@ def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> 
     if stored < len(events):
         lines.append(f"- the log ends inside a turn: the last {len(events) - stored} events are what repair will add")
     calls: dict[int, ToolCall] = {}
+    decided: dict[str, str] = {}  # call id -> the decision that let it run (or not), as shown
     for i, e in enumerate(events):
         if isinstance(e, TurnStart):
             lines += ["", f"## Turn {e.turn}"]
@@ -87,13 +89,16 @@ def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> 
                 lines.append("_(interrupted)_")
         elif isinstance(e, ToolCall) and e.parent_call_id is None:
             calls[e.seq] = e
+        elif isinstance(e, ApprovalDecided):
+            decided[e.call_id] = e.decision + (f" ({e.scope})" if e.scope else "")
         elif isinstance(e, ToolResult):
             call = calls.get(e.source_seq) if e.source_seq is not None else None
             name = call.name if call else "a tool"
             arguments = summarize_arguments(call.arguments) if call else ""
             status = RECOVERY_WORDS.get(e.error_code or "", e.error_code or "ok")
             marker = " **(recovered after a crash)**" if i >= stored or e.error_code in RECOVERY_WORDS else ""
-            lines += ["", f"**{name}**({arguments}) `{e.call_id}` → {status}{marker}", fence(e.content, "text")]
+            approval = f" · approval: {decided[e.call_id]}" if e.call_id in decided else ""
+            lines += ["", f"**{name}**({arguments}) `{e.call_id}` → {status}{marker}{approval}", fence(e.content, "text")]
         elif isinstance(e, RecoveryVerdict):
             note = f" — {e.note}" if e.note else ""
             lines += ["", f"**Operator verdict** on `{e.call_id}`: {e.verdict}{note}"]

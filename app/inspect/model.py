@@ -143,7 +143,7 @@ def summary_of(event: AnyEvent, width: int = 200) -> str:
     if t is ApprovalAsked:
         return "approval asked"
     if t is ApprovalDecided:
-        return f"approval: {e.decision}"
+        return f"approval: {e.decision}" + (f" ({e.scope})" if e.scope else "")
     if t is ToolCall:
         nested = f" (nested in {e.parent_call_id})" if e.parent_call_id else ""
         return f"{e.name}({summarize_arguments(e.arguments, width)}) [{e.safety}]{nested}"

@@ -55,7 +55,7 @@ class Choices(OptionList):
 
 
 class ApprovalModal(ModalScreen[ApprovalAnswer]):
-    """Returns an ApprovalAnswer (allowed_once, allowed_session with an optional command prefix, denied with an
+    """Returns an ApprovalAnswer (allowed_once, allowed_session, allowed_prefix with its command prefix, denied with an
     optional note, or cancelled when the turn is cancelled under it)."""
 
     DEFAULT_CSS = """
@@ -189,7 +189,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
             return
         if choice == "allowed_prefix":
             if self.prefix:
-                self.dismiss(ApprovalAnswer("allowed_session", command_prefix=self.prefix))
+                self.dismiss(ApprovalAnswer("allowed_prefix", command_prefix=self.prefix))
             return
         self.dismiss(ApprovalAnswer(choice))  # type: ignore[arg-type]
 
