@@ -273,6 +273,29 @@ async def test_escape_cancels_the_running_turn_and_the_next_prompt_runs(tmp_path
         await pilot.press("ctrl+q")
 
 
+async def test_escape_keeps_prompts_typed_ahead_queued_and_paused_until_the_operator_sends_them(tmp_path):
+    world = make_world(tmp_path, [SLOW, {"text": "for the typed-ahead one"}])
+    app = world.new_app()
+    async with running(app) as pilot:
+        await submit(pilot, "a long one")
+        await wait_for(pilot, lambda: has(app, "assistant/chunk"), "streaming to start")
+        await submit(pilot, "typed ahead")
+        await pilot.press("escape")
+        await until_turns_ended(pilot, app, 1, timeout=3)
+        await asyncio.sleep(0.3)
+        assert turn_ends(app)[0].reason == "cancelled"
+        assert app.chat.pending == ["typed ahead"] and len(turn_ends(app)) == 1  # not started by the Esc
+        queue = str(app.chat.query_one("#queue", Static).render())
+        assert queue.startswith("paused: typed ahead") and "Enter in an empty prompt sends it" in queue
+        assert "1 paused" in status_text(app)
+
+        await pilot.press("enter")  # an empty Enter sends the paused queue
+        await until_turns_ended(pilot, app, 2)
+        assert [e.text for e in app.session.events if isinstance(e, UserMessage)] == ["a long one", "typed ahead"]
+        assert turn_ends(app)[1].reason == "completed" and app.chat.pending == []
+        await pilot.press("ctrl+q")
+
+
 # -- approval ---------------------------------------------------------------------------------------------------------
 
 
@@ -331,7 +354,8 @@ async def test_approval_allow_for_session_skips_the_modal_for_that_tool_afterwar
         await approval_ready(pilot, app)
         await pilot.press("s")
         await until_turns_ended(pilot, app)
-        assert [e.decision for e in app.session.events if isinstance(e, ApprovalDecided)] == ["allowed_session"]
+        decided = [e.decision for e in app.session.events if isinstance(e, ApprovalDecided)]
+        assert decided == ["allowed_session", "granted"]  # the second call ran on the grant, and says so
         assert (world.workspace / "one.txt").read_text() == "1" and (world.workspace / "two.txt").read_text() == "2"
         await pilot.press("ctrl+q")
 

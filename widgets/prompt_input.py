@@ -18,6 +18,9 @@ from textual.widgets import TextArea
 class PromptInput(TextArea):
     DEFAULT_CSS = "PromptInput { height: auto; max-height: 8; min-height: 3; border: tall $primary 50%; }"
 
+    class SendQueued(Message):
+        """Enter on an empty prompt while prompts are queued (after Esc paused them): send the queue on."""
+
     class Submitted(Message):
         def __init__(self, text: str) -> None:
             super().__init__()
@@ -60,6 +63,8 @@ class PromptInput(TextArea):
             self._browsing = None
             self.post_message(self.Submitted(text))
             self.clear()
+        elif self.queue:
+            self.post_message(self.SendQueued())  # an empty Enter with prompts waiting: send them
 
     def _put_back(self, text: str | None) -> None:
         """End the edit of the open queued prompt: `text` replaces it in its place, None removes it; the draft

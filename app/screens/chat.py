@@ -108,6 +108,7 @@ class ChatScreen(Screen[None]):
         # prompts typed while a turn runs wait here (not in the loop) so they can be taken back and edited
         self.pending: list[str] = []
         self._in_loop = 0  # prompts handed to the loop whose turn has not reported its result yet
+        self._paused = False  # Esc cancelled a turn: the queue waits for the operator (send, edit or drop)
         secrets = tuple(x for x in (config.api_key,) if x)
         self.history = PromptHistory(history_path(config.home, config.workspace), secrets)
 
@@ -279,6 +280,8 @@ class ChatScreen(Screen[None]):
         until Enter, Ctrl+R or Esc ends the edit, so the loop never sends the version being changed."""
         if not self.pending or self._in_loop or self.agent is None or self._editing_queued() is not None:
             return
+        if self._paused:
+            return
         self._in_loop += 1
         self.agent.loop.submit(self.pending.pop(0))
 
@@ -298,11 +301,15 @@ class ChatScreen(Screen[None]):
         running = self.turn_running
         status = self.query_one(StatusBar)
         doing = "● compacting…" if self._compacting else "● running"
-        status.activity = (doing if running else "idle") + (f" · {len(queued)} queued" if queued else "")
+        waiting = "paused" if self._paused else "queued"
+        status.activity = (doing if running else "idle") + (f" · {len(queued)} {waiting}" if queued else "")
         status.grants = ", ".join(loop.grants.labels()) if loop is not None else ""
         queue = self.query_one("#queue", Static)
         editing = self._editing_queued()
-        if editing is None:
+        if editing is None and self._paused and queued:
+            queue.update(safe_text("\n".join(f"paused: {q}" for q in queued)
+                                   + "  (Esc paused the queue: Enter in an empty prompt sends it · ↑ edits or drops)"))
+        elif editing is None:
             hint = "  (↑ in an empty prompt takes the last one back to edit or drop)" if queued else ""
             queue.update(safe_text("\n".join(f"queued: {q}" for q in queued) + hint))
         else:  # the one in the box stands out, and the keys that end the edit are spelled out
@@ -347,9 +354,17 @@ class ChatScreen(Screen[None]):
         assert self.agent is not None
         if self._in_loop or self.pending:
             self.pending.append(text)
+            self._paused = False  # a new prompt after Esc: the operator goes on, queued prompts first
+            self._send_next()
         else:
             self._in_loop += 1
             self.agent.loop.submit(text)
+        self._refresh_activity()
+
+    @on(PromptInput.SendQueued)
+    def send_queued(self) -> None:
+        self._paused = False
+        self._send_next()
         self._refresh_activity()
 
     @on(PromptInput.QueueChanged)
@@ -503,7 +518,9 @@ class ChatScreen(Screen[None]):
 
     def action_cancel_turn(self) -> None:
         if self.agent is not None and self.agent.loop.busy:
+            self._paused = bool(self.pending)  # the prompts typed ahead wait: they were written for the turn cancelled
             self.agent.loop.cancel()
+            self._refresh_activity()
 
     def action_toggle_thinking(self) -> None:
         """Expand or fold the latest reasoning block (a click or Enter on a block's title does it for any block)."""
