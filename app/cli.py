@@ -201,31 +201,60 @@ def tui_command(args: argparse.Namespace, config: Any) -> int:
     """`cairn` (new session here) and `cairn resume [ID]` (default: the most recent session in this directory; the
     sessions screen when there is none). The session is opened, and repaired, before the app starts."""
     store = open_store(config)
+    notice = None
     if args.command == "resume":
         session_id = args.session_id or store.latest_in(str(config.workspace))
         opened = store.open_for_resume(session_id) if session_id else None
-        session_config = config_for_opened(config, opened)
+        session_config, unavailable = tui_config_for(config, opened)
     else:
         check_provider(config)  # configuration errors end here, before a session is created
         opened = store.create(cwd=str(config.workspace), deferred=True)  # on disk with its first prompt
-        session_config = config
+        session_config, unavailable = config, None
+    from cairn.persistence.errors import PersistenceError
+
     from .tui import CairnApp
 
     while True:
-        app = CairnApp(session_config, opened, store)
+        app = CairnApp(session_config, opened, store, unavailable=unavailable, notice=notice)
         try:
             choice = app.run()
         finally:
             app.close_if_still_open()
         if choice is None:
             return EXIT_OK
+        notice = None
         if choice.action == "open" and choice.session_id:
-            opened = store.open_for_resume(choice.session_id)
-            session_config = config_for_opened(config, opened)
+            try:  # the sessions screen never quits the app: a session that cannot be opened is said so there
+                opened = store.open_for_resume(choice.session_id)
+            except PersistenceError as e:
+                opened, session_config, unavailable = None, config, None
+                notice = f"Cannot open session {choice.session_id}: {e}"
+                continue
+            session_config, unavailable = tui_config_for(config, opened)
         else:
             check_provider(config)
             opened = store.create(cwd=str(config.workspace), deferred=True)
-            session_config = config
+            session_config, unavailable = config, None
+
+
+def tui_config_for(config: Any, opened: Any) -> tuple[Any, str | None]:
+    """The config a session opens with in the TUI, and why its provider cannot be built (None: it can). Unlike
+    `cairn run`, the TUI opens the session anyway: the resume screen and verdicts need no model, and the app says what
+    continuing needs when a prompt is sent."""
+    if opened is None:
+        return config, None
+    from .config.checks import ConfigError
+    from .config.resolver import config_for_session
+
+    try:
+        session_config = config_for_session(config, opened.events)
+    except ConfigError as e:
+        return config, str(e)
+    try:
+        check_provider(session_config)
+    except ConfigError as e:
+        return session_config, str(e)
+    return session_config, None
 
 
 def check_provider(config: Any) -> None:
@@ -236,23 +265,6 @@ def check_provider(config: Any) -> None:
 
     provider = make_provider(config)
     anyio.run(provider.aclose)
-
-
-def config_for_opened(config: Any, opened: Any) -> Any:
-    """A resumed session continues with its own provider and model unless an option or variable chose them; if that
-    provider cannot be built, the session is released again and the error reported."""
-    if opened is None:
-        return config
-    from .compose import close_unused
-    from .config.resolver import config_for_session
-
-    try:
-        session_config = config_for_session(config, opened.events)
-        check_provider(session_config)
-    except BaseException:
-        close_unused(opened)
-        raise
-    return session_config
 
 
 def sessions_command(args: argparse.Namespace, config: Any) -> int:

@@ -23,6 +23,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import OpenedSession, SessionStore
 from cairn.widgets.prompt_input import PromptInput
+from cairn.widgets.terminal_text import safe_text
 
 from . import quiet_gc
 from .config.resolver import Config, make_provider
@@ -59,12 +60,23 @@ class CairnApp(App[SessionChoice | None]):
     TITLE = "Cairn"
     COMMANDS = App.COMMANDS | {SlashCommandsProvider}
 
-    def __init__(self, config: Config, opened: OpenedSession | None, store: SessionStore) -> None:
+    def __init__(self, config: Config, opened: OpenedSession | None, store: SessionStore,
+                 unavailable: str | None = None, notice: str | None = None) -> None:
         super().__init__()
         self.config = config
         self.store = store
         self.session = LiveSession(opened) if opened is not None else None
-        self.provider = make_provider(config) if opened is not None else None
+        self.notice = notice  # one line to show on the first screen (a session the sessions screen could not open)
+        self.provider: Any = None
+        if opened is not None and unavailable is not None:
+            from .config.resolver import last_request_header
+            from .providers.base import UnavailableProvider
+
+            header = last_request_header(opened.events)
+            self.provider = UnavailableProvider(header.provider if header else config.provider,
+                                                header.model if header else (config.model or "?"), unavailable)
+        elif opened is not None:
+            self.provider = make_provider(config)
         self.chat: ChatScreen | None = None
         self._shutting_down = False
         theme = self._settings().get("theme")
@@ -101,6 +113,8 @@ class CairnApp(App[SessionChoice | None]):
         self.call_after_refresh(quiet_gc.hold_full_collections)  # full collections at quiet moments only
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         self._handle_signals()
+        if self.notice:
+            self.notify(safe_text(self.notice), severity="error", timeout=12, markup=False)
         if self.session is None:
             self.push_screen(SessionsScreen(self.store), self._chosen)
         else:

@@ -415,6 +415,26 @@ async def test_resume_screen_lists_repaired_calls_and_its_verdict_lands_before_t
     assert [e.text for e in log if isinstance(e, UserMessage)][-1] == "carry on"
 
 
+async def test_a_session_whose_provider_cannot_be_built_still_opens_takes_verdicts_and_says_what_is_missing(tmp_path):
+    world = make_world(tmp_path, [])
+    write_log(world.store, "crashed-id", crashed_turn())
+    reason = "set OPENAI_API_KEY (or CAIRN_API_KEY) to continue this session"
+    app = CairnApp(world.config, world.store.open_for_resume("crashed-id"), world.store, unavailable=reason)
+    async with running(app) as pilot:
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume screen")
+        await pilot.press("v")
+        await wait_for(pilot, lambda: isinstance(app.screen, VerdictDialog), "the verdict dialog")
+        await pilot.press("h", "enter")
+        await wait_for(pilot, lambda: app.screen is screen, "back on the resume screen")
+        assert [e.verdict for e in world.log("crashed-id") if isinstance(e, RecoveryVerdict)] == ["happened"]
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.focused, PromptInput), "the chat")
+        await submit(pilot, "carry on")
+        await wait_for(pilot, lambda: any(reason in str(n.message) for n in app._notifications), "the reason shown")
+        assert app.is_running and not any(isinstance(e, TurnStart) and e.turn == 2 for e in app.session.events)
+        await pilot.press("ctrl+q")
+
+
 async def test_resume_screen_refuses_a_verdict_on_a_not_started_call(tmp_path):
     world = make_world(tmp_path, [])
     write_log(world.store, "crashed-id", crashed_turn())

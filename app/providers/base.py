@@ -94,3 +94,19 @@ class Provider(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class UnavailableProvider:
+    """Stands in for a provider that cannot be built (no key, no script, a server not named): the TUI still opens a
+    session, shows what was interrupted and takes verdicts — none of that needs a model — and says `reason` when a
+    prompt would need one. It never contacts anything."""
+
+    def __init__(self, name: str, model: str, reason: str) -> None:
+        self.name, self.model, self.unavailable = name, model, reason
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        raise ProviderError(self.unavailable, "PROVIDER_UNAVAILABLE")
+        yield  # pragma: no cover - (an async generator, like every provider's stream)
+
+    async def aclose(self) -> None:
+        pass

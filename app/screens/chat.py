@@ -348,6 +348,12 @@ class ChatScreen(Screen[None]):
         if self.resume_pending:
             self.notify("Review the recovered calls first.", severity="warning")
             return
+        unavailable = getattr(self.provider, "unavailable", None)
+        if unavailable:  # the session opened without a usable provider: say what continuing needs, send nothing
+            self.history.add(message.text)
+            self.notify(safe_text(f"Cannot continue this session here: {unavailable} (↑ brings your prompt back)"),
+                        severity="error", timeout=12, markup=False)
+            return
         text = message.text[1:] if message.text.startswith("//") else message.text
         self.history.add(text)
         await self._agent_ready.wait()
