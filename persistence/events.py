@@ -148,6 +148,7 @@ class ContextCompaction(Event, tag="context/compaction", kw_only=True):
     model: str
     usage: Usage | None = None
     carried: list[dict[str, Any]] = []
+    reason: str | None = None  # rev 3: "length" (the window was filling up) or "operator" (`/compact`)
     ignorable: bool = True
 
 

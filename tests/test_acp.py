@@ -400,7 +400,7 @@ def test_replay_keeps_text_cut_by_a_crash_and_shows_verdicts_beside_the_result()
         ("user_message_chunk", "go"), ("agent_message_chunk", "Half a sentence"),
         ("agent_message_chunk", "Cairn stopped here (crash or kill)."), ("user_message_chunk", "again"),
         ("agent_message_chunk", "Cairn stopped here (crash or kill); recovered calls below."),
-        ("tool_call", "c9", "failed"), ("tool_call_update", "c9", None),
+        ("tool_call", "c9", "failed"), ("tool_call_update", "c9", "failed"),  # the verdict keeps the call finished
     ]
     assert updates[5].kind == "edit" and updates[5].locations[0].path == "/ws/a.txt"
     assert updates[5].title == "Edit `a.txt`"
@@ -421,3 +421,15 @@ def test_prompt_text_takes_text_and_links_and_refuses_images(tmp_path):
     assert refused.value.code == -32602 and "text prompts only" in str(refused.value)
     with pytest.raises(RequestError):
         prompt_text([text_block("  ")], ws)
+
+
+def test_replay_shows_a_turn_that_ended_in_an_error_as_that_error_not_an_unanswered_prompt():
+    from cairn.app.acp.updates import replay
+    from cairn.persistence.events import StepEnd, StepStart, TurnEnd, TurnError, TurnStart, UserMessage
+
+    events = [TurnStart(turn=1), StepStart(turn=1, step=1), UserMessage(turn=1, step=1, text="hi"),
+              StepEnd(turn=1, step=1), TurnEnd(turn=1, reason="error", error=TurnError("HTTP_500", "upstream down"))]
+    for seq, e in enumerate(events):
+        e.seq, e.time = seq, 1
+    texts = [u.content.text for u in replay(events, ".") if u.session_update == "agent_message_chunk"]
+    assert texts == ["The turn ended with an error: HTTP_500: upstream down"]

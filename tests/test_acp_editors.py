@@ -179,6 +179,12 @@ async def test_a_verdict_sent_as_a_slash_command_is_recorded_before_the_next_tur
     assert said.startswith("Recorded: `call_side` happened")
     card = [u for u in client.updates if u.session_update == "tool_call_update"][-1]
     assert card.field_meta["cairn"]["verdict"] == {"verdict": "happened", "note": "the marker file is there"}
+    # still a finished call (a client given no status shows it as running), with its safety, one spelling everywhere
+    assert card.status == "failed" and card.field_meta["cairn"]["safety"] == "side_effecting"
+    assert card.field_meta["cairn"]["status"] == "OUTCOME_UNKNOWN"
+    replayed = [u for u in client.updates if u.session_update == "tool_call" and u.tool_call_id == "call_side"][-1]
+    assert replayed.raw_output["status"] == "OUTCOME_UNKNOWN"
+    assert replayed.raw_output["text"].startswith("OUTCOME_UNKNOWN: ")
     events = rig.show("crashed")
     kinds = [e["type"] for e in events]
     verdict_at = kinds.index("recovery/verdict")

@@ -236,3 +236,13 @@ def test_carried_facts_keep_unknown_calls_and_attach_later_verdicts():
     transcript = Transcript([earlier, verdict])
     transcript.extend([earlier, verdict])
     assert "`run_command`" in transcript.messages[-1]["content"]
+
+
+def test_the_summary_says_why_it_was_written():
+    from cairn.app.agent.compaction import SUMMARY_HEADER, SUMMARY_HEADER_ASKED, summary_text
+
+    asked = ContextCompaction(summary="s", through_seq=3, model="m", reason="operator")
+    grown = ContextCompaction(summary="s", through_seq=3, model="m", reason="length")
+    old = ContextCompaction(summary="s", through_seq=3, model="m")  # written before rev 3
+    assert summary_text(asked).startswith(SUMMARY_HEADER_ASKED) and "operator asked" in SUMMARY_HEADER_ASKED
+    assert summary_text(grown).startswith(SUMMARY_HEADER) and summary_text(old).startswith(SUMMARY_HEADER)

@@ -36,7 +36,7 @@ from acp import update_agent_message_text
 from acp.schema import AllowedOutcome, PermissionOption, SessionMode, SessionModeState, ToolCallUpdate, Usage
 
 from cairn.persistence.errors import CheckpointFailed
-from cairn.persistence.events import AnyEvent, AssistantMessage, Decision, RecoveryVerdict, TurnStart
+from cairn.persistence.events import AnyEvent, AssistantMessage, Decision, RecoveryVerdict, ToolCall, TurnStart
 from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.store import OpenedSession
 
@@ -267,14 +267,16 @@ class SessionHost:
         if self.agent.loop.busy:
             return "a turn is running; send /verdict when it has ended"
         self.agent.loop.record_verdict(call_id, verdict, note)
-        recorded = next(e for e in reversed(self.agent.session.events) if isinstance(e, RecoveryVerdict))
+        events = self.agent.session.events
+        recorded = next(e for e in reversed(events) if isinstance(e, RecoveryVerdict))
+        safety = next((e.safety for e in reversed(events) if isinstance(e, ToolCall) and e.call_id == call_id), None)
         try:
             await self.agent.session.flush()  # an operator's decision is durable at once (SPEC §2 rev 3)
         except CheckpointFailed as e:
-            self.pump.put(self.view.verdict_update(recorded, waiting[call_id]))
+            self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety))
             return (f"Recorded `{call_id}` {verdict}, but it is not durable yet ({e.cause}); it is written at the next "
                     "checkpoint.")
-        self.pump.put(self.view.verdict_update(recorded, waiting[call_id]))
+        self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety))
         return (f"Recorded: `{call_id}` {verdict}" + (f" ({note})" if note else "")
                 + ". The model will see it with your next prompt.")
 

@@ -250,7 +250,8 @@ def outcome_meta(result: ToolResult, safety: str | None, verdict: RecoveryVerdic
 
 
 def raw_output(result: ToolResult) -> dict[str, Any]:
-    return wire({"status": status_word(result), "error_code": result.error_code, "text": result.content})
+    """The same status word as the content and `_meta` (`OUTCOME_UNKNOWN: …`, never repair's `TOOL_…:` prefix)."""
+    return wire({"status": status_word(result), "error_code": result.error_code, "text": result_text(result)})
 
 
 def final_status(result: ToolResult) -> ToolCallStatus:
@@ -321,14 +322,18 @@ class LiveView:
             )]
         return []
 
-    def verdict_update(self, verdict: RecoveryVerdict, result: ToolResult | None) -> ToolCallProgress:
-        """The call's card after an operator's verdict over ACP (`/verdict`)."""
-        info = self.calls.get(verdict.call_id) or CallInfo("tool", {}, None)
+    def verdict_update(self, verdict: RecoveryVerdict, result: ToolResult | None,
+                       safety: str | None = None) -> ToolCallProgress:
+        """The call's card after an operator's verdict over ACP (`/verdict`): its status stays the finished one (a
+        client that gets no status would show the call as running again) and `_meta` keeps its safety."""
+        info = self.calls.get(verdict.call_id) or CallInfo("tool", {}, safety)
         text = result_text(result) if result is not None else ""
+        safety = info.safety or safety
         return ToolCallProgress(
             session_update="tool_call_update", tool_call_id=wire(verdict.call_id),
-            content=finished_content(CallInfo(info.name, info.arguments, info.safety), text, [verdict_text(verdict)]),
-            field_meta=outcome_meta(result, info.safety, verdict) if result is not None else None,
+            status=final_status(result) if result is not None else None,
+            content=finished_content(CallInfo(info.name, info.arguments, safety), text, [verdict_text(verdict)]),
+            field_meta=outcome_meta(result, safety, verdict) if result is not None else None,
         )
 
 
@@ -418,11 +423,14 @@ def replay(events: list[AnyEvent], workspace: Path) -> list[Update]:
             if e.reason == "interrupted" and not stopped_said:
                 out.append(update_agent_message_text(f"{STOPPED_HERE}."))
                 stopped_said = True
+            elif e.reason == "error" and e.error is not None:  # as live: the turn's error, not an unanswered prompt
+                out.append(update_agent_message_text(wire(f"The turn ended with an error: {e.error.code}: "
+                                                          f"{e.error.message}")))
         elif isinstance(e, RecoveryVerdict) and e.call_id in results:
             result = results[e.call_id]
             info = calls.get(e.call_id) or CallInfo("tool", {}, None)
             out.append(ToolCallProgress(
-                session_update="tool_call_update", tool_call_id=wire(e.call_id),
+                session_update="tool_call_update", tool_call_id=wire(e.call_id), status=final_status(result),
                 content=finished_content(info, result_text(result), [verdict_text(e)]),
                 field_meta=outcome_meta(result, info.safety, e),
             ))

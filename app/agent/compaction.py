@@ -54,6 +54,7 @@ SUMMARY_SYSTEM = (
     "values and error messages. Do not invent anything. Answer with the summary only."
 )
 SUMMARY_HEADER = "[Cairn: summary of the earlier conversation, written when it outgrew the context window]"
+SUMMARY_HEADER_ASKED = "[Cairn: summary of the earlier conversation, written because the operator asked (/compact)]"
 CARRIED_HEADER = (
     "[Cairn recovery, carried verbatim: tool calls whose outcome is unknown after a crash or cancellation, and the "
     "operator's verdicts. Verify before repeating any of them.]"
@@ -127,7 +128,7 @@ def carried_facts(events: list[AnyEvent], through_seq: int) -> list[dict[str, An
 
 def summary_text(event: ContextCompaction) -> str:
     """The user content that stands for everything the compaction replaced."""
-    parts = [SUMMARY_HEADER, event.summary.strip()]
+    parts = [SUMMARY_HEADER_ASKED if event.reason == "operator" else SUMMARY_HEADER, event.summary.strip()]
     if event.carried:
         lines = [CARRIED_HEADER]
         for fact in event.carried:

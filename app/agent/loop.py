@@ -394,6 +394,7 @@ class AgentLoop:
         through = self._compaction_point(st)
         if through is None:
             return False
+        reason = "operator" if self.compact_next else "length"
         self.compact_next = False
         earlier = Transcript(self.session.events)
         earlier.extend([e for e in self.session.events if e.seq <= through])
@@ -419,7 +420,7 @@ class AgentLoop:
             raise CompactionFailed("the model returned an empty summary; the conversation was not compacted")
         self.session.append(ContextCompaction(
             summary=summary, through_seq=through, model=self.provider.model, usage=usage,
-            carried=carried_facts(self.session.events, through),
+            carried=carried_facts(self.session.events, through), reason=reason,
         ))
         return True
 
