@@ -353,3 +353,14 @@ def test_the_recorded_endpoint_holds_no_credential():
     assert endpoint_of("https://user:pw@llm.example/v1?api-version=2&api_key=sk-1") == \
         "https://llm.example/v1?api-version=2"
     assert endpoint_of("http://127.0.0.1:8081/v1") == "http://127.0.0.1:8081/v1"
+
+
+def test_a_resumed_session_reports_the_profile_its_next_request_uses(config_path):
+    """ACP's `profile` option after session/load shows what the next request goes out with (issue 25)."""
+    header = RequestHeader(seq=1, turn=1, step=1, provider="openai", model="qwen2.5-coder", params={}, tools=[],
+                           message_count=2, profile="local", endpoint="http://127.0.0.1:8080/v1")
+    env = {"DEEPSEEK_API_KEY": "sk-deep-1234"}
+    resumed = config_for_session(resolve(config_path, env), [header])  # the file's default profile is deepseek
+    assert (resumed.profile, resumed.model, resumed.base_url) == ("local", "qwen2.5-coder", "http://127.0.0.1:8080/v1")
+    chosen = config_for_session(resolve(config_path, env, profile="deepseek"), [header])
+    assert (chosen.profile, chosen.model) == ("deepseek", "deepseek-chat")

@@ -371,9 +371,12 @@ def config_for_session(config: Config, events: Iterable[Any]) -> Config:
             "this session used the script provider: pass --script FILE or set CAIRN_SCRIPT to continue it "
             "(or choose another provider with --provider)"
         )
+    chosen_profile = config.sources.get("profile", "").startswith(("flag", "env"))
+    profile = config.profile if chosen_profile else getattr(header, "profile", None)  # what the next request uses
     if provider == config.provider:
-        return _keep_endpoint(dataclasses.replace(config, model=model, sources=dict(config.sources)), header)
-    resumed = dataclasses.replace(config, provider=provider, model=model, sources=dict(config.sources))
+        return _keep_endpoint(dataclasses.replace(config, model=model, profile=profile, sources=dict(config.sources)),
+                              header)
+    resumed = dataclasses.replace(config, provider=provider, model=model, profile=profile, sources=dict(config.sources))
     defaults = Config(home=config.home, backend=config.backend, provider=provider, model=None, script=None,
                       workspace=config.workspace)
     for name in ENDPOINT_SETTINGS:
