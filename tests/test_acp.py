@@ -433,3 +433,24 @@ def test_replay_shows_a_turn_that_ended_in_an_error_as_that_error_not_an_unanswe
         e.seq, e.time = seq, 1
     texts = [u.content.text for u in replay(events, ".") if u.session_update == "agent_message_chunk"]
     assert texts == ["The turn ended with an error: HTTP_500: upstream down"]
+
+
+def test_replay_shows_a_successful_edit_as_the_change_it_made():
+    from cairn.app.acp.updates import replay
+    from cairn.persistence.events import (AssistantMessage, StepEnd, StepStart, ToolCall, ToolCallRequest, ToolResult,
+                                          TurnEnd, TurnStart, UserMessage)
+
+    arguments = {"path": "notes.txt", "old": "hello", "new": "goodbye"}
+    events = [TurnStart(turn=1), StepStart(turn=1, step=1), UserMessage(turn=1, step=1, text="edit"),
+              AssistantMessage(turn=1, step=1, text="", tool_calls=[ToolCallRequest("c1", "edit_file", arguments)],
+                               interrupted=False),
+              ToolCall(turn=1, step=1, call_id="c1", name="edit_file", arguments=arguments, safety="side_effecting",
+                       parent_call_id=None),
+              ToolResult(turn=1, step=1, call_id="c1", is_error=False, content="edited notes.txt", error_code=None,
+                         source_seq=4),
+              StepEnd(turn=1, step=1), TurnEnd(turn=1, reason="completed", error=None)]
+    for seq, e in enumerate(events):
+        e.seq, e.time = seq, 1
+    (card,) = [u for u in replay(events, Path("/ws")) if u.session_update == "tool_call"]
+    (diff,) = [c for c in card.content if getattr(c, "type", None) == "diff"]
+    assert (diff.path, diff.old_text, diff.new_text) == ("/ws/notes.txt", "hello", "goodbye")

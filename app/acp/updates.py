@@ -214,6 +214,17 @@ def file_diff(name: str, arguments: Any, workspace: Path) -> FileEditToolCallCon
     return tool_diff_content(wire(real), wire(printable(old.replace(before, after, 1))), wire(old))
 
 
+def edit_diff(name: str, arguments: Any, workspace: Path) -> FileEditToolCallContent | None:
+    """For a replayed `edit_file` that succeeded: the change it made, from its own arguments (the text replaced and
+    its replacement). The file has changed since, so a whole-file diff would be a guess; a `write_file`'s earlier
+    content is not known, so it gets none."""
+    path, before, after = _arg(arguments, "path"), _arg(arguments, "old"), _arg(arguments, "new")
+    if name != "edit_file" or path is None or not before or after is None:
+        return None
+    shown = os.path.normpath(os.path.join(str(workspace), path))  # (it succeeded: the tool took it as inside)
+    return tool_diff_content(wire(shown), wire(printable(after)), wire(printable(before)))
+
+
 def call_content(name: str, arguments: Any, diff: FileEditToolCallContent | None) -> list[Content] | None:
     """The content a person needs to judge the call: the full command, or the diff."""
     content: list[Content] = []
@@ -409,6 +420,8 @@ def replay(events: list[AnyEvent], workspace: Path) -> list[Update]:
                 out.append(update_agent_message_text(f"{STOPPED_HERE}; recovered calls below."))
                 stopped_said = True
             results[e.call_id] = e
+            if not e.is_error and info.diff is None:
+                info = CallInfo(info.name, info.arguments, info.safety, edit_diff(info.name, info.arguments, workspace))
             out.append(ToolCallStart(
                 session_update="tool_call", tool_call_id=wire(e.call_id), title=tool_title(info.name, info.arguments),
                 kind=tool_kind(info.name), status=final_status(e),
