@@ -163,6 +163,14 @@ class ToolProgress(Event, tag="tool/progress", kw_only=True):
     ignorable: bool = True
 
 
+class SessionMode(Event, tag="session/mode", kw_only=True):
+    """(rev 3, ignorable) The approval mode an editor set for the session (ACP `ask`, `accept-edits`, `bypass`): an
+    operator's decision, durable at once and restored when the session is loaded again."""
+
+    mode: str
+    ignorable: bool = True
+
+
 class ApprovalAsked(Event, tag="approval/asked", kw_only=True):
     turn: int
     step: int
@@ -234,7 +242,7 @@ class IgnorableEvent(msgspec.Struct, gc=False):
 KnownEvent = (
     TurnStart | StepStart | UserMessage | RequestHeader | AssistantChunk | AssistantMessage | ApprovalAsked
     | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd | ReasoningChunk | RequestRetry
-    | ToolProgress | ContextCompaction
+    | ToolProgress | ContextCompaction | SessionMode
 )
 AnyEvent = KnownEvent | IgnorableEvent
 

@@ -116,6 +116,14 @@ async def test_accept_edits_mode_writes_without_asking_but_still_asks_before_com
     decided = [(e["call_id"], e["decision"]) for e in rig.show(new.session_id) if e["type"] == "approval/decided"]
     assert decided == [("w1", "allowed_once"), ("r1", "denied")]
 
+    # the mode is part of the session: a later load restores it, and a change is in the log at once
+    async with connect(rig, RecordingClient([]), script_env(rig, [{"text": "again"}])) as agent:
+        loaded = await agent.conn.load_session(cwd=str(rig.ws), session_id=new.session_id)
+        assert loaded.modes.current_mode_id == "accept-edits"
+        await agent.conn.set_session_mode(session_id=new.session_id, mode_id="bypass")
+        on_disk = rig.raw_log(new.session_id).decode().splitlines()
+        assert [json.loads(line)["mode"] for line in on_disk if '"session/mode"' in line] == ["accept-edits", "bypass"]
+
 
 # ----------------------------------------------------------------------------------------------------------- errors
 

@@ -91,7 +91,7 @@ from acp.schema import (
 )
 
 from cairn.persistence.errors import InvalidSessionId, PersistenceError, SessionExists, SessionLocked, SessionNotFound
-from cairn.persistence.events import MAX_TOKENS, UserMessage, usage_totals
+from cairn.persistence.events import MAX_TOKENS, SessionMode, UserMessage, usage_totals
 from cairn.persistence.store import OpenedSession, SessionStore
 from cairn.version import __version__
 
@@ -180,6 +180,7 @@ class CairnAgent:
                 raise
             history = list(opened.events)  # repair included, already durable
             host = await self._start(opened, config)
+            host.mode = next((e.mode for e in reversed(history) if isinstance(e, SessionMode)), host.mode)
             log.info("session %s: loaded (%d events, %d added by repair)", host.id, len(history), len(opened.repaired))
         await host.replay(replay(history, host.config.workspace))
         title = session_title(history)
@@ -196,6 +197,10 @@ class CairnAgent:
             raise error(INVALID_PARAMS, f"unknown mode {mode_id!r}; Cairn's modes are {', '.join(known)}",
                         modeId=mode_id)
         host.mode = mode_id
+        if host.agent is not None and host.agent.session.events:  # an operator's decision: in the log at once
+            host.agent.session.append(SessionMode(mode=mode_id))
+            await host.agent.session.flush()
+        # (a session with no turn yet is not on disk: its first prompt records the mode, below)
         log.info("session %s: mode %s", host.id, mode_id)
         host.pump.put(update_current_mode(mode_id))
         return SetSessionModeResponse()
@@ -285,6 +290,8 @@ class CairnAgent:
             host.say(answer)
             await host.pump.drain()
             return PromptResponse(stop_reason="end_turn")
+        if host.agent is not None and not host.agent.session.events and host.mode != "ask":
+            host.agent.session.append(SessionMode(mode=host.mode))  # chosen before the session was on disk
         if host.agent is not None and not any(isinstance(e, UserMessage) for e in host.agent.session.events):
             title = first_line(shown_prompt(text), 80)
             if title:

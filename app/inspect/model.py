@@ -34,6 +34,7 @@ from cairn.persistence.events import (
     ReasoningChunk,
     RecoveryVerdict,
     RequestHeader,
+    SessionMode,
     RequestRetry,
     StepEnd,
     StepStart,
@@ -161,6 +162,8 @@ def summary_of(event: AnyEvent, width: int = 200) -> str:
         return f"turn {e.turn} {e.reason}{error}"
     if t is IgnorableEvent:
         return f"(ignorable) {', '.join(sorted(e.fields))}"
+    if t is SessionMode:
+        return f"approval mode: {e.mode}"
     return ""
 
 
