@@ -13,7 +13,7 @@ from tui_helpers import wait_for
 
 from cairn.app.config.resolver import resolve_config
 from cairn.app.tui import CairnApp
-from cairn.persistence.events import TurnEnd
+from cairn.persistence.events import RequestHeader, TurnEnd
 from cairn.persistence.store import SessionStore
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.reasoning import ReasoningBlock
@@ -139,3 +139,33 @@ async def test_the_anthropic_provider_in_the_tui_with_thinking_a_tool_call_and_a
     assert not srv.refusals, [(r.refused, r.violations) for r in srv.refusals]
     assert len(blocks) == 2 and len(srv.requests) == 2
     assert srv.requests[1].header("x-api-key") == "sk-ant-tui"
+
+
+async def test_the_status_bar_shows_the_host_when_the_operator_named_another_server(tmp_path):
+    """SPEC §6 rev 3: a resumed session goes to its recorded endpoint unless the operator names another; then the
+    status bar says which host the conversation now goes to."""
+    from tui_helpers import completed_turn, make_world, write_log
+
+    from cairn.app.config.resolver import config_for_session, resolve_config
+    from cairn.app.tui import CairnApp
+    from cairn.widgets.status_bar import StatusBar
+
+    world = make_world(tmp_path, [])
+    events = completed_turn(1, "hello", "hi")
+    events[3] = RequestHeader(turn=1, step=1, provider="openai", model="m", params={}, tools=[], message_count=2,
+                              endpoint="http://127.0.0.1:8081/v1")
+    write_log(world.store, "s", events)
+    opened = world.store.open_for_resume("s")
+    for named, shown in ((None, ""), ("http://127.0.0.1:9099/v1", " @127.0.0.1:9099")):
+        config = config_for_session(resolve_config(home=str(world.store.home), workspace=str(world.workspace),
+                                                   base_url=named, env={"CAIRN_PROVIDER": "openai"}), opened.events)
+        app = CairnApp(config, opened, world.store)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await pilot.pause(0.2)
+            assert app.chat.query_one(StatusBar).provider == "openai/m" + shown
+            await pilot.press("ctrl+q")
+            await pilot.pause(0.2)
+        opened = world.store.open_for_resume("s")
+    from cairn.app.compose import close_unused
+
+    close_unused(opened)

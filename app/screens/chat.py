@@ -124,7 +124,7 @@ class ChatScreen(Screen[None]):
     async def on_mount(self) -> None:
         status = self.query_one(StatusBar)
         status.session_id = self.session.id
-        status.provider = f"{self.provider.name}/{self.provider.model}"
+        status.provider = f"{self.provider.name}/{self.provider.model}" + self._other_host()
         status.backend = self.config.backend
         status.show_durability("durable", self.session.coordinator.durable_seq)
         prompt = self.query_one(PromptInput)
@@ -154,6 +154,19 @@ class ChatScreen(Screen[None]):
                                               "needs checking.", markup=False, classes="-warning"))
                 transcript.scroll_end(animate=False)
             prompt.focus()
+
+    def _other_host(self) -> str:
+        """` @host` when the operator named a server other than the one this session's last request went to (SPEC §6
+        rev 3: their choice, and visible), else ""."""
+        from ..config.resolver import last_request_header
+
+        header = last_request_header(self.session.events)
+        now = getattr(self.provider, "recorded_endpoint", None)
+        if header is None or not header.endpoint or not now or now == header.endpoint:
+            return ""
+        from urllib.parse import urlsplit
+
+        return f" @{urlsplit(now).netloc}"
 
     def _resume_screen(self, calls: Any, prompt: str, text: str) -> Screen[Any]:
         from .resume import ResumeScreen, ended_by_cancel
