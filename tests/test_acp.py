@@ -454,3 +454,21 @@ def test_replay_shows_a_successful_edit_as_the_change_it_made():
     (card,) = [u for u in replay(events, Path("/ws")) if u.session_update == "tool_call"]
     (diff,) = [c for c in card.content if getattr(c, "type", None) == "diff"]
     assert (diff.path, diff.old_text, diff.new_text) == ("/ws/notes.txt", "hello", "goodbye")
+
+
+def test_replay_names_the_safety_of_a_not_started_call_from_the_sessions_tools():
+    from cairn.app.acp.updates import replay
+    from cairn.persistence.events import (AssistantMessage, StepEnd, StepStart, ToolCallRequest, ToolResult, TurnEnd,
+                                          TurnStart, UserMessage)
+
+    events = [TurnStart(turn=1), StepStart(turn=1, step=1), UserMessage(turn=1, step=1, text="go"),
+              AssistantMessage(turn=1, step=1, text="", interrupted=False,
+                               tool_calls=[ToolCallRequest("m1", "tix__slow_deploy", {"seconds": 60})]),
+              ToolResult(turn=1, step=1, call_id="m1", is_error=True, content="NOT_STARTED: …",
+                         error_code="TOOL_NOT_STARTED", source_seq=3),
+              StepEnd(turn=1, step=1), TurnEnd(turn=1, reason="interrupted", error=None)]
+    for seq, e in enumerate(events):
+        e.seq, e.time = seq, 1
+    safety = {"tix__slow_deploy": "side_effecting"}.get
+    (card,) = [u for u in replay(events, Path("/ws"), safety) if u.session_update == "tool_call"]
+    assert card.field_meta["cairn"]["safety"] == "side_effecting" and card.status == "failed"

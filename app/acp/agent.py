@@ -182,7 +182,13 @@ class CairnAgent:
             host = await self._start(opened, config)
             host.mode = next((e.mode for e in reversed(history) if isinstance(e, SessionMode)), host.mode)
             log.info("session %s: loaded (%d events, %d added by repair)", host.id, len(history), len(opened.repaired))
-        await host.replay(replay(history, host.config.workspace))
+        tools = host.agent.loop.tools if host.agent is not None else None
+
+        def safety_of(name: str) -> str | None:
+            tool = tools.get(name) if tools is not None else None
+            return tool.safety if tool is not None else None
+
+        await host.replay(replay(history, host.config.workspace, safety_of))
         title = session_title(history)
         if title:
             host.pump.put(SessionInfoUpdate(session_update="session_info_update", title=title))

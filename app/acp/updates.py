@@ -33,7 +33,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, Union
+from typing import Any, Callable, TypeVar, Union
 
 from acp import (
     text_block,
@@ -376,8 +376,10 @@ def session_title(events: list[AnyEvent]) -> str | None:
     return wire(first_line(shown_prompt(prompt), 80)) or None if prompt else None
 
 
-def replay(events: list[AnyEvent], workspace: Path) -> list[Update]:
-    """The history of a session as updates, for `session/load` (see the module docstring)."""
+def replay(events: list[AnyEvent], workspace: Path,
+           safety_of: Callable[[str], str | None] = builtin_safety) -> list[Update]:
+    """The history of a session as updates, for `session/load` (see the module docstring). `safety_of` names a
+    tool's class for calls that never got a `tool/call` (NOT_STARTED): the session's registry knows its MCP tools."""
     out: list[Update] = []
     calls: dict[str, CallInfo] = {}
     results: dict[str, ToolResult] = {}
@@ -410,7 +412,7 @@ def replay(events: list[AnyEvent], workspace: Path) -> list[Update]:
             if e.text:
                 out.append(update_agent_message_text(wire(e.text)))
             for c in e.tool_calls:
-                calls[c.call_id] = CallInfo(c.name, c.arguments, builtin_safety(c.name))
+                calls[c.call_id] = CallInfo(c.name, c.arguments, safety_of(c.name))
         elif isinstance(e, ToolCall):
             calls[e.call_id] = CallInfo(e.name, e.arguments, e.safety)
         elif isinstance(e, ToolResult):
