@@ -35,12 +35,8 @@ def backend_name(request):
 
 
 def cairn(home: Path, backend: str, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "HOME": str(home.parent), "CAIRN_HOME": str(home), "LANG": "C.UTF-8",
-           "CAIRN_PROVIDER": "demo", "CAIRN_DEMO_DELAY_MS": "0", "CAIRN_BACKEND": backend}
-    if "CAIRN_DATABASE_URL" in os.environ:
-        env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
-    return subprocess.run([*prefix, CAIRN, *args], env=env, cwd=str(home.parent), capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([*prefix, CAIRN, *args], env=env_for(home, backend), cwd=str(home.parent),
+                          capture_output=True, text=True, timeout=60)
 
 
 def wait_for_marker(marker: Path, child: subprocess.Popen) -> None:
@@ -146,11 +142,8 @@ def test_a_key_a_real_server_streams_in_pieces_is_neither_stored_nor_printed(tmp
     ws.mkdir()
     deltas = ["Your key: sk-live-01234", "56789abcdefg", "hijkl — keep it", " safe."]
     with OpenAIServer([text("", deltas=deltas)]) as server:
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(home), "LANG": "C.UTF-8",
-               "CAIRN_BACKEND": backend_name, "CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": server.base_url,
+        env = {**env_for(home, backend_name), "CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": server.base_url,
                "CAIRN_API_KEY": KEY, "CAIRN_MODEL": "m"}
-        if "CAIRN_DATABASE_URL" in os.environ:
-            env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
         ran = subprocess.run([CAIRN, "run", "--session-id", "s", "what is my key?"], env=env, cwd=ws,
                              capture_output=True, text=True, timeout=60)
         shown = subprocess.run([CAIRN, "show", "s", "--json"], env=env, cwd=ws, capture_output=True, text=True,
@@ -176,11 +169,8 @@ def test_arguments_over_one_megabyte_are_refused_and_stored_cut(tmp_path, backen
                          arg_chunks=40),
               text("I will write it in parts.")]
     with OpenAIServer(script) as server:
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(home), "LANG": "C.UTF-8",
-               "CAIRN_BACKEND": backend_name, "CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": server.base_url,
+        env = {**env_for(home, backend_name), "CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": server.base_url,
                "CAIRN_API_KEY": "sk-test-key", "CAIRN_MODEL": "m"}
-        if "CAIRN_DATABASE_URL" in os.environ:
-            env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
         ran = subprocess.run([CAIRN, "run", "--yes", "--session-id", "s", "write a big file"], env=env, cwd=ws,
                              capture_output=True, text=True, timeout=120)
         second = server.requests[1].body["messages"]
