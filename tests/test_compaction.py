@@ -246,3 +246,25 @@ def test_the_summary_says_why_it_was_written():
     old = ContextCompaction(summary="s", through_seq=3, model="m")  # written before rev 3
     assert summary_text(asked).startswith(SUMMARY_HEADER_ASKED) and "operator asked" in SUMMARY_HEADER_ASKED
     assert summary_text(grown).startswith(SUMMARY_HEADER) and summary_text(old).startswith(SUMMARY_HEADER)
+
+
+LLAMA_CPP_CONTEXT_ERROR = {"error": {"code": 400, "message": "request (19579 tokens) exceeds the available context size "
+                                     "(8192 tokens), try increasing it", "type": "exceed_context_size_error",
+                                     "n_prompt_tokens": 19579, "n_ctx": 8192}}
+
+
+@pytest.mark.anyio
+async def test_llama_cpps_real_context_refusal_is_recognised_as_one():
+    """The exact body llama-server answers (issue 26), through the real provider: a length refusal, so Cairn compacts."""
+    from cairn.app.providers.base import ModelRequest
+    from cairn.app.providers.openai import OpenAIProvider
+
+    with OpenAIServer([error(400, body=LLAMA_CPP_CONTEXT_ERROR)]) as server:
+        provider = OpenAIProvider("gemma", base_url=server.base_url, api_key=None)
+        with pytest.raises(ProviderError) as info:
+            async for _ in provider.stream(ModelRequest(messages=[{"role": "user", "content": "hi"}], tools=[],
+                                                        model="gemma")):
+                pass
+        await provider.aclose()
+    assert "exceeds the available context size" in str(info.value)
+    assert is_context_overflow(info.value)

@@ -45,6 +45,9 @@ KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
 OVERFLOW_WORDS = (
     "context_length_exceeded", "context length", "maximum context", "prompt is too long", "too many tokens",
     "exceeds the context", "context window", "n_ctx", "input is too long",
+    # llama.cpp: {"type":"exceed_context_size_error","message":"request (19579 tokens) exceeds the available context
+    # size (8192 tokens), try increasing it"}
+    "exceed_context_size_error", "exceeds the available context size",
 )
 
 SUMMARY_SYSTEM = (
