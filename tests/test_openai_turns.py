@@ -62,3 +62,20 @@ def test_provider_errors_end_the_turn_with_exit_1_and_never_store_the_key(tmp_pa
                          capture_output=True, text=True).stdout
     assert ids.count("  error  ") == 3  # an errored turn is closed (turn/end error), so the session is resumable
     assert_key_nowhere(tmp_path / "home")
+
+
+def test_a_server_that_never_answers_is_waited_for_twice_not_max_retries_times(tmp_path):
+    """SPEC §7 rev 3: a timed-out attempt is retried at most once, whatever CAIRN_MAX_RETRIES says (issue 26: a stalled
+    server held a turn for about ten minutes)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with OpenAIServer([hang(), hang(), hang(), hang()]) as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(tmp_path / "home"),
+               "CAIRN_BASE_URL": server.base_url, "CAIRN_API_KEY": KEY, "CAIRN_TIMEOUT": "1",
+               "CAIRN_MAX_RETRIES": "4"}
+        proc = subprocess.run([CAIRN, "run", "--json", "hello"], env=env, cwd=ws, capture_output=True, text=True,
+                              timeout=60)
+        attempts = len(server.requests)
+    assert proc.returncode == 1 and "timed out" in proc.stderr, proc.stderr
+    assert attempts == 2
+    assert [line for line in proc.stdout.splitlines() if '"request/retry"' in line and '"TIMEOUT"' in line]

@@ -76,6 +76,7 @@ from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContex
 from .transcript import Transcript
 
 log = logging.getLogger("cairn.loop")
+MAX_TIMEOUT_RETRIES = 1  # SPEC §7 rev 3: a timed-out attempt is retried at most once
 
 SYSTEM_PROMPT = (
     "You are Cairn, a careful coding agent working in the workspace {workspace}. Use the tools to inspect and change "
@@ -441,11 +442,15 @@ class AgentLoop:
         Each attempt goes through the around_stream chain again, so its pre-request barrier makes that record durable
         before the request is sent again."""
         attempt = 1
+        timeouts = 0
         while True:
             try:
                 return await self._consume(st, await self._open_stream(st, request))
             except ProviderError as e:
+                timeouts += e.code == "TIMEOUT"
                 if not e.retryable or st.text or st.reasoning or attempt > self.max_retries:
+                    raise
+                if timeouts > MAX_TIMEOUT_RETRIES:  # a stalled server: one more wait of the full limit, not four
                     raise
                 st.streaming = False
                 delay = self._retry_delay(attempt, e.retry_after)
