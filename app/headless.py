@@ -162,6 +162,14 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
             elif isinstance(event, ToolResult):
                 note(f"cairn: recovered call {event.call_id}: {result_status(event)}")
         session.subscribe(printer)
+        name = agent.provider.name
+
+        def waiting(seconds: float | None) -> None:  # a stalled server is visible, at least every 10 s
+            if seconds is not None:
+                note(f"cairn: still waiting for {name} to answer: {seconds:.0f} s (CAIRN_TIMEOUT limits it; "
+                     "Ctrl+C cancels)")
+
+        agent.loop.on_waiting.append(waiting)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_signal, agent.loop)
             result = await agent.run(prompt)

@@ -270,3 +270,29 @@ async def test_tool_progress_records_the_started_process(tmp_path):
     kinds = types(events)
     assert kinds.index("tool/call") < kinds.index("tool/progress") < kinds.index("tool/result")
     assert of(events, TurnEnd)[0].reason == "completed"
+
+
+async def test_a_request_that_gets_no_answer_reports_how_long_it_has_waited_until_the_answer_starts(tmp_path):
+    """Issue 26: a stalled server is visible (TUI status bar, headless stderr) at least every 10 s; here every 0.1 s."""
+    from openai_server import OpenAIServer, text
+
+    from cairn.app.compose import open_agent
+    from cairn.app.config.resolver import resolve_config
+
+    seen: list[float | None] = []
+    (tmp_path / "ws").mkdir()
+    with OpenAIServer([text("late but fine", hold_before=True)]) as server:
+        config = resolve_config(home=str(tmp_path / "home"), provider="openai", base_url=server.base_url, model="m",
+                                workspace=str(tmp_path / "ws"), env={})
+        async with open_agent(config) as agent:
+            agent.loop.wait_report_every = 0.1
+            agent.loop.on_waiting.append(seen.append)
+            async with anyio.create_task_group() as tg:
+                async def answer_late() -> None:
+                    await anyio.sleep(0.55)
+                    server.release()
+                tg.start_soon(answer_late)
+                result = await agent.run("hello")
+    assert result.reason == "completed" and result.text == "late but fine"
+    waits = [s for s in seen if s is not None]
+    assert len(waits) >= 3 and waits == sorted(waits) and seen[-1] is None

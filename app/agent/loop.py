@@ -11,15 +11,17 @@ TOOL_OUTCOME_UNKNOWN if it was running), then `step/end` and `turn/end` with rea
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import math
 import random
+import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import anyio
 import anyio.abc
@@ -77,6 +79,7 @@ from .transcript import Transcript
 
 log = logging.getLogger("cairn.loop")
 MAX_TIMEOUT_RETRIES = 1  # SPEC §7 rev 3: a timed-out attempt is retried at most once
+WAIT_REPORT_EVERY = 10.0  # seconds between "still waiting for the server" reports while no answer has come
 
 SYSTEM_PROMPT = (
     "You are Cairn, a careful coding agent working in the workspace {workspace}. Use the tools to inspect and change "
@@ -193,6 +196,10 @@ class AgentLoop:
         self.context_window = context_window
         self.compact_next = False  # `/compact`: compact before the next request whatever its size
         self.on_compacting: list[Any] = []  # callbacks(bool): a summary request started (True) or ended (False)
+        # callbacks(seconds or None): how long a request has waited for its first byte, every WAIT_REPORT_EVERY
+        # seconds (a stalled server is visible); None once the answer starts or the attempt ends
+        self.on_waiting: list[Any] = []
+        self.wait_report_every = WAIT_REPORT_EVERY
         self.profile = profile  # recorded in each request/header, so a resumed session can name it
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
@@ -468,11 +475,39 @@ class AgentLoop:
         backoff = self.retry_base_delay * 2 ** (attempt - 1)
         return min(backoff * (0.5 + random.random() / 2), MAX_RETRY_DELAY)
 
+    def _report_waiting(self) -> Callable[[], None]:
+        """Tell `on_waiting` how long this attempt has waited, every `wait_report_every` seconds, until the returned
+        function is called (a timer on the event loop: no task, nothing to cancel into the stream)."""
+        if not self.on_waiting:
+            return lambda: None
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+
+        def tick() -> None:
+            for callback in self.on_waiting:
+                callback(time.monotonic() - started)
+            handle[0] = loop.call_later(self.wait_report_every, tick)
+
+        handle = [loop.call_later(self.wait_report_every, tick)]
+
+        def stop() -> None:
+            if handle:
+                handle.pop().cancel()
+                for callback in self.on_waiting:
+                    callback(None)
+
+        return stop
+
     async def _consume(self, st: _TurnState, stream: AsyncIterator[Any]) -> list[RawToolCall]:
         end: StreamEnd | None = None
+        stop_waiting = self._report_waiting()
         async with aclosing(stream):  # type: ignore[type-var]
             st.streaming = True
-            async for item in stream:
+            try:
+                item = await anext(stream, None)  # (a stalled server is reported meanwhile)
+            finally:
+                stop_waiting()
+            while item is not None:
                 if isinstance(item, TextDelta):
                     if item.text:
                         st.text.append(item.text)
@@ -483,6 +518,7 @@ class AgentLoop:
                         self.session.append(ReasoningChunk(turn=st.turn, step=st.step or 0, delta=item.text))
                 elif isinstance(item, StreamEnd):
                     end = item
+                item = await anext(stream, None)
         if end is None or end.finish_reason is None:
             what = "a final message" if end is None else "a finish reason"
             raise ProviderError(f"{self.provider.name}: the stream ended without {what}", "MALFORMED_STREAM")
@@ -742,3 +778,4 @@ def _cut_short(run: ToolRunContext | None, reason: str) -> ToolOutcome:
         )
     why = "the turn was cancelled" if reason == "cancelled" else "the turn ended with an error"
     return ToolOutcome(f"Not run: {why} before this call was dispatched.", ABORTED_BEFORE_DISPATCH)
+

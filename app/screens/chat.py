@@ -109,6 +109,7 @@ class ChatScreen(Screen[None]):
         self.pending: list[str] = []
         self._in_loop = 0  # prompts handed to the loop whose turn has not reported its result yet
         self._paused = False  # Esc cancelled a turn: the queue waits for the operator (send, edit or drop)
+        self._waited: float | None = None
         secrets = tuple(x for x in (config.api_key,) if x)
         self.history = PromptHistory(history_path(config.home, config.workspace), secrets)
 
@@ -186,6 +187,7 @@ class ChatScreen(Screen[None]):
             )
             self.agent.loop.on_turn_result.append(self._turn_finished)
             self.agent.loop.on_compacting.append(self._set_compacting)
+            self.agent.loop.on_waiting.append(self._set_waiting)
             self._agent_ready.set()
             await self._stop.wait()
         # leaving the stack: the loop cancelled its turn and wrote the real closing events; the policy is removed
@@ -306,6 +308,10 @@ class ChatScreen(Screen[None]):
         self._compacting = active
         self._refresh_activity()
 
+    def _set_waiting(self, seconds: float | None) -> None:
+        self._waited = seconds  # how long the server has kept this request waiting (None: it answered)
+        self._refresh_activity()
+
     def _refresh_activity(self) -> None:
         if not self.is_attached:  # a turn's result can arrive while the exiting app takes the screen apart
             return
@@ -314,6 +320,8 @@ class ChatScreen(Screen[None]):
         running = self.turn_running
         status = self.query_one(StatusBar)
         doing = "● compacting…" if self._compacting else "● running"
+        if self._waited is not None and running:
+            doing = f"● waiting for the server {self._waited:.0f} s"
         waiting = "paused" if self._paused else "queued"
         status.activity = (doing if running else "idle") + (f" · {len(queued)} {waiting}" if queued else "")
         status.grants = ", ".join(loop.grants.labels()) if loop is not None else ""
