@@ -58,6 +58,9 @@ class SmallModel:
             headers = [json.loads(x) for x in lines if '"request/header"' in x]
             on_disk = sum(1 for h in headers if h.get("purpose", "turn") == purpose)
             self.arrivals.append((purpose, sum(1 for a in self.arrivals if a[0] == purpose) + 1, on_disk))
+        if purpose == "compaction" and size_in_tokens(req) > self.window:  # real servers refuse those too
+            self.overflows += 1
+            return error(400, f"This model's maximum context length is {self.window} tokens. (context_length_exceeded)")
         if purpose == "compaction":
             self.summaries += 1
             hold = {"hold_before": True} if self.hold_summary and self.summaries == 1 else {}
@@ -268,3 +271,27 @@ async def test_llama_cpps_real_context_refusal_is_recognised_as_one():
         await provider.aclose()
     assert "exceeds the available context size" in str(info.value)
     assert is_context_overflow(info.value)
+
+
+def test_a_history_longer_than_the_window_is_summarised_in_pieces_that_each_fit(tmp_path):
+    """Issue 26: with a window of 2048 tokens, one tool result of ~3,000 tokens makes the next request too long; the
+    summary of it cannot go in one request either, so it is summarised in pieces, oldest first, each one fitting."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big.txt").write_text("".join(f"line {i}: some words about the data\n" for i in range(340)))
+    model = SmallModel(window=2048, answer_chars=200, session_file=tmp_path / "home" / "sessions" / "s.jsonl")
+    read = tool_calls([{"id": "call_read", "name": "read_file", "arguments": {"path": "big.txt"}}])
+    with OpenAIServer([read], default=model) as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(tmp_path / "home"),
+               "CAIRN_BASE_URL": server.base_url, "CAIRN_API_KEY": "sk-small", "CAIRN_PROVIDER": "openai",
+               "CAIRN_MODEL": "small", "CAIRN_CONTEXT_WINDOW": "2048"}
+        proc = subprocess.run([CAIRN, "run", "--session-id", "s", "read big.txt and tell me about it"], env=env,
+                              cwd=ws, capture_output=True, text=True, timeout=60)
+        summaries = [r for r in server.requests if r.body["messages"][0]["content"] == SUMMARY_SYSTEM]
+        shown = subprocess.run([CAIRN, "show", "s", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert len(summaries) >= 2 and all(size_in_tokens(r) <= 2048 for r in summaries)
+    assert "summary of the conversation so far" in summaries[-1].body["messages"][1]["content"]
+    events = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [e["type"] for e in events].count("context/compaction") == 1
+    assert [e.get("purpose") for e in events if e["type"] == "request/header"].count("compaction") == len(summaries)

@@ -151,6 +151,36 @@ def summary_text(event: ContextCompaction) -> str:
 def summary_request(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages of the summary request: the conversation to compact, rendered as one readable user message (a
     plain transcript, so no tool-call pairing rules apply and any server accepts it)."""
+    return summary_messages(transcript_lines(messages))
+
+
+def summary_messages(lines: list[str], so_far: str = "") -> list[dict[str, Any]]:
+    """One summary request over `lines`; with `so_far` (the summary of the part before them) it asks to continue it."""
+    if so_far:
+        ask = f"Here is the summary of the conversation so far:\n\n{so_far}\n\nContinue it with the rest:\n\n"
+    else:
+        ask = "Summarise this conversation:\n\n"
+    return [{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": ask + "\n\n".join(lines)}]
+
+
+def summary_pieces(messages: list[dict[str, Any]], budget_tokens: int) -> list[list[str]]:
+    """The transcript cut into pieces of at most `budget_tokens` each, oldest first, so every summary request fits the
+    window however long the history is (SPEC §7 rev 3); a text longer than a piece is split, never dropped."""
+    limit = max(1, budget_tokens) * CHARS_PER_TOKEN
+    pieces: list[list[str]] = [[]]
+    size = 0
+    for line in transcript_lines(messages):
+        for start in range(0, max(len(line), 1), limit):
+            part = line[start:start + limit]
+            if size + len(part) > limit and pieces[-1]:
+                pieces.append([])
+                size = 0
+            pieces[-1].append(part)
+            size += len(part) + 2
+    return pieces
+
+
+def transcript_lines(messages: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     for m in messages:
         role = m.get("role")
@@ -162,7 +192,4 @@ def summary_request(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for call in m.get("tool_calls") or []:
             function = call.get("function", {})
             lines.append(f"[{role} calls {function.get('name')} as {call.get('id')}] {function.get('arguments')}")
-    return [
-        {"role": "system", "content": SUMMARY_SYSTEM},
-        {"role": "user", "content": "Summarise this conversation:\n\n" + "\n\n".join(lines)},
-    ]
+    return lines

@@ -72,13 +72,15 @@ from .compaction import (
     context_window_for,
     estimate_tokens,
     is_context_overflow,
-    summary_request,
+    summary_messages,
+    summary_pieces,
 )
 from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext, nothing
 from .transcript import Transcript
 
 log = logging.getLogger("cairn.loop")
 MAX_TIMEOUT_RETRIES = 1  # SPEC §7 rev 3: a timed-out attempt is retried at most once
+SUMMARY_SHARE = 0.5  # of the window, per piece of history a summary request carries (a summary always fits)
 WAIT_REPORT_EVERY = 10.0  # seconds between "still waiting for the server" reports while no answer has come
 
 SYSTEM_PROMPT = (
@@ -406,24 +408,18 @@ class AgentLoop:
         self.compact_next = False
         earlier = Transcript(self.session.events)
         earlier.extend([e for e in self.session.events if e.seq <= through])
-        request = ModelRequest(messages=summary_request(earlier.messages), tools=[], model=self.provider.model,
-                               params=dict(self.params), turn=st.turn, step=st.step or 0)
-        parts: list[str] = []
-        usage = None
+        summary, usage = "", None
         for callback in self.on_compacting:
             callback(True)
         try:
-            self._announce(request, "compaction")
-            async with aclosing(await self._open_stream(st, request)) as stream:  # type: ignore[type-var]
-                async for item in stream:
-                    if isinstance(item, TextDelta):
-                        parts.append(item.text)
-                    elif isinstance(item, StreamEnd):
-                        usage = item.usage
+            # half the window per piece: room for the summary so far, the instructions and the answer
+            for piece in summary_pieces(earlier.messages, int(window * SUMMARY_SHARE)):
+                request = ModelRequest(messages=summary_messages(piece, summary), tools=[], model=self.provider.model,
+                                       params=dict(self.params), turn=st.turn, step=st.step or 0)
+                summary, usage = await self._summarise(st, request)
         finally:
             for callback in self.on_compacting:
                 callback(False)
-        summary = "".join(parts).strip()
         if not summary:
             raise CompactionFailed("the model returned an empty summary; the conversation was not compacted")
         self.session.append(ContextCompaction(
@@ -431,6 +427,19 @@ class AgentLoop:
             carried=carried_facts(self.session.events, through), reason=reason,
         ))
         return True
+
+    async def _summarise(self, st: _TurnState, request: ModelRequest) -> tuple[str, Any]:
+        """One summary request, with its own durable `request/header` first: (the summary, its usage)."""
+        parts: list[str] = []
+        usage = None
+        self._announce(request, "compaction")
+        async with aclosing(await self._open_stream(st, request)) as stream:  # type: ignore[type-var]
+            async for item in stream:
+                if isinstance(item, TextDelta):
+                    parts.append(item.text)
+                elif isinstance(item, StreamEnd):
+                    usage = item.usage
+        return "".join(parts).strip(), usage
 
     def _compaction_point(self, st: _TurnState) -> int | None:
         """The last event the summary replaces: the end of the previous turn when earlier turns hold anything not yet
