@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +80,52 @@ def test_a_server_that_never_answers_is_waited_for_twice_not_max_retries_times(t
     assert proc.returncode == 1 and "timed out" in proc.stderr, proc.stderr
     assert attempts == 2
     assert [line for line in proc.stdout.splitlines() if '"request/retry"' in line and '"TIMEOUT"' in line]
+
+
+LLAMA_CPP_TEMPLATE_ERROR = {"error": {"code": 400, "type": "invalid_request_error", "message": (
+    "Unable to generate parser for this template. Automatic parser generation failed: \n------------\nWhile executing "
+    "CallExpression at line 6, column 21 in source:\n...\nError: Jinja Exception: Conversation roles must alternate "
+    "user/assistant/user/assistant/...")}}
+
+
+class NoToolRole:
+    """A llama.cpp server with a Gemma-style chat template: any `tool` message or assistant `tool_calls` is refused
+    with its exact error; the first request of a session gets a tool call, later ones an answer."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+        self.answered: list[list[dict]] = []
+
+    def __call__(self, req):
+        messages = req.body.get("messages", [])
+        if any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):
+            self.refused += 1
+            return error(400, body=LLAMA_CPP_TEMPLATE_ERROR)
+        roles = [m["role"] for m in messages if m["role"] != "system"]
+        assert all(a != b for a, b in zip(roles, roles[1:])) and roles[0] == "user", roles  # strictly alternating
+        self.answered.append(messages)
+        if len(self.answered) == 1:
+            return tool_calls([{"id": "call_ls", "name": "list_dir", "arguments": {"path": "."}}])
+        return text(f"answer {len(self.answered)}")
+
+
+def test_a_server_without_a_tool_role_gets_the_conversation_in_text_form_and_keeps_it(tmp_path):
+    server_model = NoToolRole()
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "notes.txt").write_text("x")
+    with OpenAIServer(default=server_model, strict=False) as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(tmp_path / "home"),
+               "CAIRN_BASE_URL": server.base_url, "CAIRN_API_KEY": KEY, "CAIRN_MODEL": "gemma"}
+        first = subprocess.run([CAIRN, "run", "--session-id", "g", "what is here?"], env=env, cwd=tmp_path / "ws",
+                               capture_output=True, text=True, timeout=60)
+        second = subprocess.run([CAIRN, "run", "--resume", "g", "and now?"], env=env, cwd=tmp_path / "ws",
+                                capture_output=True, text=True, timeout=60)
+        shown = subprocess.run([CAIRN, "show", "g", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and first.stdout.strip() == "answer 2", first.stderr
+    assert second.returncode == 0 and second.stdout.strip() == "answer 3", second.stderr
+    assert server_model.refused == 1  # once: then text form, kept for the resumed session too
+    sent = json.dumps(server_model.answered[-1])
+    assert "[I call the tool list_dir as call_ls" in sent and "[result of tool call call_ls]" in sent
+    assert "notes.txt" in sent  # the tool's result reached the model
+    headers = [json.loads(line) for line in shown.stdout.splitlines() if '"request/header"' in line]
+    assert [h["params"].get("transcript") for h in headers] == [None, None, "text", "text"]

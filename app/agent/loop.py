@@ -76,6 +76,7 @@ from .compaction import (
     summary_pieces,
 )
 from .hooks import Hooks, StepContext, StreamContext, ToolOutcome, ToolRunContext, TurnContext, nothing
+from .text_form import as_text_form, refuses_tool_role
 from .transcript import Transcript
 
 log = logging.getLogger("cairn.loop")
@@ -203,6 +204,9 @@ class AgentLoop:
         self.on_waiting: list[Any] = []
         self.wait_report_every = WAIT_REPORT_EVERY
         self.profile = profile  # recorded in each request/header, so a resumed session can name it
+        # text form (SPEC §7 rev 3): this endpoint and model refused the tool role once; kept for the session, and
+        # taken up again from the log when the session is resumed on the same endpoint and model
+        self.text_form = self._text_form_recorded()
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
         self._next_turn = 1 + max((e.turn for e in session.events if isinstance(e, TurnStart)), default=0)
@@ -346,8 +350,9 @@ class AgentLoop:
             st.step = None
 
     def _build_request(self, st: _TurnState) -> ModelRequest:
+        messages = [{"role": "system", "content": self.system_prompt}, *self.transcript.messages]
         request = ModelRequest(
-            messages=[{"role": "system", "content": self.system_prompt}, *self.transcript.messages],
+            messages=as_text_form(messages) if self.text_form else messages,
             tools=self.tools.schemas(),
             model=self.provider.model,
             params=dict(self.params),
@@ -357,13 +362,22 @@ class AgentLoop:
         self._announce(request, "turn")
         return request
 
+    def _text_form_recorded(self) -> bool:
+        endpoint = getattr(self.provider, "recorded_endpoint", None)
+        for event in reversed(self.session.events):
+            if isinstance(event, RequestHeader):
+                return (event.params.get("transcript") == "text" and event.model == self.provider.model
+                        and event.endpoint == endpoint)
+        return False
+
     def _announce(self, request: ModelRequest, purpose: str) -> None:
         """The request's `request/header`; the pre-request barrier in the around_stream chain makes it durable before
         the request leaves. Every request has one, summary requests included."""
+        params = {**request.params, "transcript": "text"} if self.text_form else request.params
         self.session.append(
             RequestHeader(
                 turn=request.turn, step=request.step, provider=self.provider.name, model=self.provider.model,
-                params=request.params, tools=[t.name for t in request.tools], message_count=len(request.messages),
+                params=params, tools=[t.name for t in request.tools], message_count=len(request.messages),
                 profile=self.profile, purpose=purpose,
                 endpoint=getattr(self.provider, "recorded_endpoint", None),
             )
@@ -386,7 +400,14 @@ class AgentLoop:
         try:
             return await self._request(st, request)
         except ProviderError as e:
-            if not is_context_overflow(e) or st.text or st.reasoning:
+            if st.text or st.reasoning:
+                raise
+            if refuses_tool_role(e) and not self.text_form:
+                st.streaming = False
+                log.info("the server's chat template refused the tool role (%s); sending in text form", e)
+                self.text_form = True
+                return await self._request_within_context(st)
+            if not is_context_overflow(e):
                 raise
             st.streaming = False
             log.info("the server refused the request for its length (%s); compacting", e)
