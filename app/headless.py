@@ -166,7 +166,7 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
 
         def waiting(seconds: float | None) -> None:  # a stalled server is visible, at least every 10 s
             if seconds is not None:
-                note(f"cairn: still waiting for {name} to answer: {seconds:.0f} s (CAIRN_TIMEOUT limits it; "
+                note(f"cairn: waiting for the server ({name}): {seconds:.0f} s (CAIRN_TIMEOUT limits it; "
                      "Ctrl+C cancels)")
 
         agent.loop.on_waiting.append(waiting)

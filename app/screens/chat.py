@@ -321,7 +321,7 @@ class ChatScreen(Screen[None]):
         status = self.query_one(StatusBar)
         doing = "● compacting…" if self._compacting else "● running"
         if self._waited is not None and running:
-            doing = f"● waiting for the server {self._waited:.0f} s"
+            doing = f"● waiting for the server: {self._waited:.0f} s"
         waiting = "paused" if self._paused else "queued"
         status.activity = (doing if running else "idle") + (f" · {len(queued)} {waiting}" if queued else "")
         status.grants = ", ".join(loop.grants.labels()) if loop is not None else ""
