@@ -18,7 +18,7 @@ from cairn.persistence.store import OpenedSession, SessionStore
 
 from .agent import failpoints
 from .agent.approval import Approver, headless_approver
-from .agent.compaction import context_window_for
+from .agent.compaction import configured_window
 from .agent.hooks import Hooks
 from .agent.loop import AgentLoop, TurnResult
 from .agent.policy import CheckpointPolicy
@@ -107,7 +107,8 @@ async def mount_agent(
     loop = AgentLoop(
         session, provider, registry, config.workspace, approver, hooks,
         max_retries=config.max_retries,
-        context_window=getattr(config, "context_window", None) or context_window_for(provider.model),
+        # configured (profile, CAIRN_CONTEXT_WINDOW) or None: the loop asks the server, then the model family
+        context_window=getattr(config, "context_window", None) or configured_window(),
         profile=getattr(config, "profile", None),
     )
     await stack.enter_async_context(loop)

@@ -254,6 +254,8 @@ class _Handler(BaseHTTPRequestHandler):
         req = self._record(b"")
         if req.path.split("?", 1)[0].rstrip("/").endswith("/models"):
             self._send_json(200, {"object": "list", "data": [{"id": "test-model", "object": "model"}]})
+        elif req.path.split("?", 1)[0].rstrip("/") == "/props" and self.server.owner.props is not None:
+            self._send_json(200, self.server.owner.props)  # llama-server's, e.g. {"default_generation_settings": …}
         else:
             self._send_json(404, {"error": {"message": f"no route for GET {req.path}", "type": "not_found"}})
 
@@ -550,8 +552,10 @@ class OpenAIServer:
         release_file: str | os.PathLike[str] | None = None,
         requests_file: str | os.PathLike[str] | None = None,
         strict: bool = True,
+        props: dict[str, Any] | None = None,
     ) -> None:
         self.strict = strict
+        self.props = props  # what GET /props answers, as llama-server does (None: 404 like other servers)
         self._queue: list[ScriptEntry] = list(script or [])
         self.default = default or EXHAUSTED
         self._host = host

@@ -295,3 +295,26 @@ def test_a_history_longer_than_the_window_is_summarised_in_pieces_that_each_fit(
     events = [json.loads(line) for line in shown.stdout.splitlines()]
     assert [e["type"] for e in events].count("context/compaction") == 1
     assert [e.get("purpose") for e in events if e["type"] == "request/header"].count("compaction") == len(summaries)
+
+
+def test_the_window_comes_from_llama_cpps_props_when_none_is_configured(tmp_path):
+    """Issue 26: a llama.cpp-style server says `n_ctx` in GET /props; with no window configured (and a model name no
+    family table knows) Cairn compacts before the server has to refuse anything."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    model = SmallModel(window=2048, answer_chars=200)
+    with OpenAIServer(default=model, props={"default_generation_settings": {"n_ctx": 2048}}) as server:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(tmp_path / "home"),
+               "CAIRN_BASE_URL": server.base_url, "CAIRN_API_KEY": "sk-small", "CAIRN_PROVIDER": "openai",
+               "CAIRN_MODEL": "some-local-gguf"}
+        for i in range(8):
+            args = ["--session-id", "p"] if i == 0 else ["--resume", "p"]
+            proc = subprocess.run([CAIRN, "run", *args, f"Part {i}. " + "Words. " * 120], env=env, cwd=ws,
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+        props_asked = [r for r in server.requests if r.path == "/props"]
+        shown = subprocess.run([CAIRN, "show", "p", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    events = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [e["type"] for e in events].count("context/compaction") >= 1
+    assert model.overflows == 0  # compacted in time: the server never had to refuse a request
+    assert 1 <= len(props_asked) <= 8  # at most once per process

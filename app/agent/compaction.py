@@ -73,16 +73,24 @@ class CompactionFailed(ProviderError):
 
 def context_window_for(model: str | None, env: Mapping[str, str] | None = None) -> int:
     """CAIRN_CONTEXT_WINDOW when set (validated), else the model family's window, else 128k tokens."""
-    env = os.environ if env is None else env
-    raw = (env.get("CAIRN_CONTEXT_WINDOW") or "").strip()
-    if raw:
-        from ..config.resolver import ConfigError
-
-        if not raw.isdigit() or int(raw) < 1024:
-            raise ConfigError(f"CAIRN_CONTEXT_WINDOW must be a whole number of tokens >= 1024, not {raw[:40]!r}")
-        return int(raw)
+    configured = configured_window(env)
+    if configured is not None:
+        return configured
     name = (model or "").lower().rsplit("/", 1)[-1]
     return next((tokens for prefix, tokens in KNOWN_WINDOWS if name.startswith(prefix)), DEFAULT_CONTEXT_WINDOW)
+
+
+def configured_window(env: Mapping[str, str] | None = None) -> int | None:
+    """CAIRN_CONTEXT_WINDOW (validated), or None when it is not set."""
+    env = os.environ if env is None else env
+    raw = (env.get("CAIRN_CONTEXT_WINDOW") or "").strip()
+    if not raw:
+        return None
+    from ..config.resolver import ConfigError
+
+    if not raw.isdigit() or int(raw) < 1024:
+        raise ConfigError(f"CAIRN_CONTEXT_WINDOW must be a whole number of tokens >= 1024, not {raw[:40]!r}")
+    return int(raw)
 
 
 def estimate_tokens(messages: list[dict[str, Any]], tools: list[Any] = ()) -> int:  # type: ignore[assignment]

@@ -418,7 +418,7 @@ class AgentLoop:
     async def _compact_if_needed(self, st: _TurnState, force: bool = False) -> bool:
         """Append a `context/compaction` when the next request would pass COMPACT_AT of the window (or when forced).
         Returns whether it compacted. The summary comes from the same provider, inside the turn's cancel scope."""
-        window = self.context_window or context_window_for(self.provider.model, {})
+        window = await self.window()
         messages = [{"role": "system", "content": self.system_prompt}, *self.transcript.messages]
         if not force and estimate_tokens(messages, self.tools.schemas()) < COMPACT_AT * window:
             return False
@@ -461,6 +461,15 @@ class AgentLoop:
                 elif isinstance(item, StreamEnd):
                     usage = item.usage
         return "".join(parts).strip(), usage
+
+    async def window(self) -> int:
+        """The context window requests must fit: configured, else what the server says (llama.cpp `/props`, asked
+        once per provider), else the model family's (SPEC §7 rev 3)."""
+        if self.context_window:
+            return self.context_window
+        ask = getattr(self.provider, "server_context_window", None)
+        served = await ask() if ask is not None else None
+        return served or context_window_for(self.provider.model, {})
 
     def _compaction_point(self, st: _TurnState) -> int | None:
         """The last event the summary replaces: the end of the previous turn when earlier turns hold anything not yet

@@ -310,9 +310,31 @@ class OpenAIProvider:
         self.extra_headers: dict[str, str] = dict(extra_headers or {})
         self.extra_body: dict[str, Any] = dict(extra_body or {})
         self._client: httpx.AsyncClient | None = self._new_client()  # builds, connects nothing
+        self._served_window: int | None = None  # the server's context size once asked (0: it did not say)
 
     def __repr__(self) -> str:  # never show the key or URL credentials
         return f"OpenAIProvider(model={self.model!r}, base_url={self._shown_url!r})"
+
+    async def server_context_window(self) -> int | None:
+        """The context size a local server says it has (llama.cpp `GET /props` → `default_generation_settings.n_ctx`),
+        asked once; None when it does not say, or for a hosted endpoint (nothing is sent there for it)."""
+        if self._served_window is not None:
+            return self._served_window or None
+        self._served_window = 0
+        from ..config.checks import is_local_url
+
+        if not is_local_url(self.base_url):
+            return None
+        root = self.base_url.split("?", 1)[0].rstrip("/").removesuffix("/v1")
+        try:
+            reply = await self._get_client().get(f"{root}/props", timeout=3.0)
+            settings = reply.json().get("default_generation_settings", {}) if reply.status_code == 200 else {}
+            n_ctx = settings.get("n_ctx")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            n_ctx = None
+        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx >= 256:
+            self._served_window = n_ctx
+        return self._served_window or None
 
     @property
     def recorded_endpoint(self) -> str:
