@@ -47,7 +47,8 @@ Behaviours
 A behaviour is a JSON-able dict (the helpers below build them). Each POST to `.../chat/completions` takes the next one
 from the queue (`server.push(...)` adds more; a queue entry may also be a callable `fn(RecordedRequest) -> dict`, in
 process only). When the queue is empty the `default` behaviour answers (by default: HTTP 500 "script exhausted").
-`GET .../models` answers a model list without using the queue; other paths answer 404. Every request is recorded.
+`GET .../models` answers a model list without using the queue; `GET /props` answers `props` (constructor) like
+llama-server, counted in `props_asked` rather than recorded; other paths answer 404. Every other request is recorded.
 
 `kind`:
 - `text`: `text`, split into `chunks` pieces (or explicit `deltas`: list of strings); `finish_reason` (default "stop").
@@ -251,11 +252,18 @@ class _Handler(BaseHTTPRequestHandler):
     # -- entry points
 
     def do_GET(self) -> None:
+        if self.path.split("?", 1)[0].rstrip("/") == "/props":  # llama-server's limits: counted apart from requests
+            owner = self.server.owner
+            with owner._lock:
+                owner.props_asked += 1
+            if owner.props is None:
+                self._send_json(404, {"error": {"message": "no route for GET /props", "type": "not_found"}})
+            else:
+                self._send_json(200, owner.props)
+            return
         req = self._record(b"")
         if req.path.split("?", 1)[0].rstrip("/").endswith("/models"):
             self._send_json(200, {"object": "list", "data": [{"id": "test-model", "object": "model"}]})
-        elif req.path.split("?", 1)[0].rstrip("/") == "/props" and self.server.owner.props is not None:
-            self._send_json(200, self.server.owner.props)  # llama-server's, e.g. {"default_generation_settings": …}
         else:
             self._send_json(404, {"error": {"message": f"no route for GET {req.path}", "type": "not_found"}})
 
@@ -556,6 +564,7 @@ class OpenAIServer:
     ) -> None:
         self.strict = strict
         self.props = props  # what GET /props answers, as llama-server does (None: 404 like other servers)
+        self.props_asked = 0  # GET /props requests (kept out of `requests`, which are the model requests)
         self._queue: list[ScriptEntry] = list(script or [])
         self.default = default or EXHAUSTED
         self._host = host
