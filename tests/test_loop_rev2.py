@@ -288,8 +288,9 @@ async def test_a_request_that_gets_no_answer_reports_how_long_it_has_waited_unti
             agent.loop.wait_report_every = 0.1
             agent.loop.on_waiting.append(seen.append)
             async with anyio.create_task_group() as tg:
-                async def answer_late() -> None:
-                    await anyio.sleep(0.55)
+                async def answer_late() -> None:  # the server answers only once three reports have come
+                    while len([w for w in seen if w is not None]) < 3:
+                        await anyio.sleep(0.02)
                     server.release()
                 tg.start_soon(answer_late)
                 result = await agent.run("hello")

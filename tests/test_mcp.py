@@ -277,16 +277,15 @@ def test_invalid_utf8_a_bad_schema_and_a_dead_server_each_cost_only_what_they_mu
         {"tool_calls": [{"name": "raw__good", "arguments": {"text": "after restart"}}]},
         {"text": "done"},
     ]))
-    started = time.monotonic()
     proc, events = run_json(rig, env, "go")
-    took = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
     garbled, good, died, restarted = by_type(events, "tool/result")
     assert not garbled["is_error"] and "caf\ufffd" in garbled["content"], garbled
     assert good["content"] == "ok after garble" and not good["is_error"]
     assert died["error_code"] == "TOOL_OUTCOME_UNKNOWN"
     assert restarted["content"] == "ok after restart" and not restarted["is_error"]
-    assert took < 20, "no call waited for its time limit"
+    # no call waited for its time limit: none of them is the timeout's TOOL_OUTCOME_UNKNOWN ("did not answer")
+    assert not any("did not answer" in r["content"] for r in (garbled, good, died, restarted))
     lines = [line for line in proc.stderr.splitlines() if "broken" in line]
     assert len(lines) == 1 and "tool `broken` left out" in lines[0], proc.stderr
     assert all(line.startswith("cairn: ") for line in proc.stderr.splitlines()), proc.stderr  # no pydantic report

@@ -358,10 +358,8 @@ async def test_a_server_gone_longer_than_the_retries_fails_the_barrier_truthfull
             await live.flush()
             await anyio.to_thread.run_sync(server.halt)
             live.append(StepStart(turn=1, step=1))
-            started = time.monotonic()
             with pytest.raises(CheckpointFailed) as info:
                 await live.flush()
-            assert 0.9 < time.monotonic() - started < 10
             assert "still unreachable after 1 s of retries" in str(info.value) and "\n" not in str(info.value)
             assert live.coordinator.queued == 1
             await anyio.to_thread.run_sync(server.start)
