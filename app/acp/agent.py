@@ -180,7 +180,9 @@ class CairnAgent:
                 raise
             history = list(opened.events)  # repair included, already durable
             host = await self._start(opened, config)
-            host.mode = next((e.mode for e in reversed(history) if isinstance(e, SessionMode)), host.mode)
+            known = {m.id for m in mode_state(host.mode).available_modes}  # (a log is outside input)
+            host.mode = next((e.mode for e in reversed(history) if isinstance(e, SessionMode) and e.mode in known),
+                             host.mode)
             log.info("session %s: loaded (%d events, %d added by repair)", host.id, len(history), len(opened.repaired))
         tools = host.agent.loop.tools if host.agent is not None else None
 
