@@ -110,6 +110,7 @@ async def mount_agent(
         # configured (profile, CAIRN_CONTEXT_WINDOW) or None: the loop asks the server, then the model family
         context_window=getattr(config, "context_window", None) or configured_window(),
         profile=getattr(config, "profile", None),
+        text_form=getattr(config, "transcript", "messages") == "text",
     )
     await stack.enter_async_context(loop)
     return Agent(session, loop, policy, provider, config, mcp)

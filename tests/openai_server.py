@@ -47,8 +47,10 @@ Behaviours
 A behaviour is a JSON-able dict (the helpers below build them). Each POST to `.../chat/completions` takes the next one
 from the queue (`server.push(...)` adds more; a queue entry may also be a callable `fn(RecordedRequest) -> dict`, in
 process only). When the queue is empty the `default` behaviour answers (by default: HTTP 500 "script exhausted").
-`GET .../models` answers a model list without using the queue; `GET /props` answers `props` (constructor) like
-llama-server, counted in `props_asked` rather than recorded; other paths answer 404. Every other request is recorded.
+A server's limit probes use no queue and are counted in `probes` rather than recorded: `GET .../models` answers
+`models` (constructor; vLLM, llama.cpp and LM Studio put the context size there), `GET /props` answers `props` like
+llama-server (also counted in `props_asked`), `POST /api/show` answers `ollama_show` like Ollama (404 while None);
+other paths answer 404. Every other request is recorded.
 
 `kind`:
 - `text`: `text`, split into `chunks` pieces (or explicit `deltas`: list of strings); `finish_reason` (default "stop").
@@ -252,22 +254,39 @@ class _Handler(BaseHTTPRequestHandler):
     # -- entry points
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0].rstrip("/") == "/props":  # llama-server's limits: counted apart from requests
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path == "/props" or path.endswith("/models"):  # a server's limits: counted apart from model requests
             owner = self.server.owner
             with owner._lock:
-                owner.props_asked += 1
-            if owner.props is None:
+                owner.probes.append(f"GET {path}")
+                owner.props_asked += path == "/props"
+            if path == "/props" and owner.props is None:
                 self._send_json(404, {"error": {"message": "no route for GET /props", "type": "not_found"}})
-            else:
+            elif path == "/props":
                 self._send_json(200, owner.props)
+            else:
+                self._send_json(200, {"object": "list", "data": owner.models})
             return
         req = self._record(b"")
-        if req.path.split("?", 1)[0].rstrip("/").endswith("/models"):
-            self._send_json(200, {"object": "list", "data": [{"id": "test-model", "object": "model"}]})
+        self._send_json(404, {"error": {"message": f"no route for GET {req.path}", "type": "not_found"}})
+
+    def _ollama_show(self) -> None:
+        """Ollama's `POST /api/show`, counted apart from model requests like the other limit probes."""
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        owner = self.server.owner
+        with owner._lock:
+            owner.probes.append("POST /api/show")
+        if owner.ollama_show is None:
+            self._send_json(404, {"error": "404 page not found"})
         else:
-            self._send_json(404, {"error": {"message": f"no route for GET {req.path}", "type": "not_found"}})
+            self._send_json(200, owner.ollama_show)
 
     def do_POST(self) -> None:
+        if self.path.split("?", 1)[0].rstrip("/") == "/api/show":
+            self._ollama_show()
+            return
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         owner = self.server.owner
@@ -561,10 +580,16 @@ class OpenAIServer:
         requests_file: str | os.PathLike[str] | None = None,
         strict: bool = True,
         props: dict[str, Any] | None = None,
+        models: list[dict[str, Any]] | None = None,
+        ollama_show: dict[str, Any] | None = None,
     ) -> None:
         self.strict = strict
         self.props = props  # what GET /props answers, as llama-server does (None: 404 like other servers)
         self.props_asked = 0  # GET /props requests (kept out of `requests`, which are the model requests)
+        # what GET …/models lists (vLLM-style `max_model_len`, llama.cpp `meta`, …) and Ollama's POST /api/show answers
+        self.models = models if models is not None else [{"id": "test-model", "object": "model"}]
+        self.ollama_show = ollama_show
+        self.probes: list[str] = []  # every limit probe (GET /props, GET …/models, POST /api/show), in order
         self._queue: list[ScriptEntry] = list(script or [])
         self.default = default or EXHAUSTED
         self._host = host

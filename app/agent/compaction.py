@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Mapping
 
 from cairn.persistence.events import (
@@ -107,6 +108,25 @@ def is_context_overflow(error: ProviderError) -> bool:
         return False
     text = str(error).lower()
     return any(word in text for word in OVERFLOW_WORDS)
+
+
+# where a refusal names the window: llama.cpp "available context size (8192 tokens)", OpenAI / vLLM "maximum context
+# length is 8192 tokens", Anthropic-style "prompt is too long: 210000 tokens > 200000 maximum"
+WINDOW_NAMED = (
+    re.compile(r"available context size \((\d+) tokens\)"),
+    re.compile(r"maximum context length is (\d+)"),
+    re.compile(r"tokens > (\d+) maximum"),
+)
+
+
+def window_named_in(error: ProviderError) -> int | None:
+    """The context size a length refusal names, if it names one (a server's own word beats a configured guess)."""
+    text = str(error)
+    for pattern in WINDOW_NAMED:
+        found = pattern.search(text)
+        if found and 256 <= int(found.group(1)) <= 100_000_000:
+            return int(found.group(1))
+    return None
 
 
 def carried_facts(events: list[AnyEvent], through_seq: int) -> list[dict[str, Any]]:

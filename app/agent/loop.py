@@ -70,6 +70,7 @@ from .compaction import (
     CompactionFailed,
     carried_facts,
     context_window_for,
+    window_named_in,
     estimate_tokens,
     is_context_overflow,
     summary_messages,
@@ -179,6 +180,7 @@ class AgentLoop:
         retry_base_delay: float = 0.5,
         context_window: int | None = None,
         profile: str | None = None,
+        text_form: bool = False,
     ) -> None:
         self.session = session
         self.provider = provider
@@ -202,11 +204,15 @@ class AgentLoop:
         # callbacks(seconds or None): how long a request has waited for its first byte, every WAIT_REPORT_EVERY
         # seconds (a stalled server is visible); None once the answer starts or the attempt ends
         self.on_waiting: list[Any] = []
+        # called with (tokens, where the window came from) whenever it is first known or changes: the TUI shows it
+        self.on_window: list[Any] = []
+        self.known_window: tuple[int, str] | None = None
+        self.refused_window: int | None = None  # the window a length refusal named, when smaller than the one assumed
         self.wait_report_every = WAIT_REPORT_EVERY
         self.profile = profile  # recorded in each request/header, so a resumed session can name it
         # text form (SPEC §7 rev 3): this endpoint and model refused the tool role once; kept for the session, and
         # taken up again from the log when the session is resumed on the same endpoint and model
-        self.text_form = self._text_form_recorded()
+        self.text_form = text_form or self._text_form_recorded()
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
         self._next_turn = 1 + max((e.turn for e in session.events if isinstance(e, TurnStart)), default=0)
@@ -409,6 +415,9 @@ class AgentLoop:
                 return await self._request_within_context(st)
             if not is_context_overflow(e):
                 raise
+            named = window_named_in(e)
+            if named and named < await self.window():
+                self.refused_window = named  # the server's own number: the summary pieces must fit it
             st.streaming = False
             log.info("the server refused the request for its length (%s); compacting", e)
             if not await self._compact_if_needed(st, force=True):
@@ -465,11 +474,23 @@ class AgentLoop:
     async def window(self) -> int:
         """The context window requests must fit: configured, else what the server says (llama.cpp `/props`, asked
         once per provider), else the model family's (SPEC §7 rev 3)."""
-        if self.context_window:
-            return self.context_window
-        ask = getattr(self.provider, "server_context_window", None)
-        served = await ask() if ask is not None else None
-        return served or context_window_for(self.provider.model, {})
+        window, source = self.context_window, "configured"
+        if self.refused_window and (not window or self.refused_window < window):
+            window, source = self.refused_window, "server (its refusal)"
+        if not window:
+            ask = getattr(self.provider, "server_context_window", None)
+            window = await ask() if ask is not None else None
+            source = getattr(self.provider, "served_window_source", None) or "server"
+        if not window:
+            window, source = context_window_for(self.provider.model, {}), "model family"
+        keep = getattr(self.provider, "keep_output_within", None)
+        if keep is not None:
+            keep(window)
+        if (window, source) != self.known_window:
+            self.known_window = (window, source)
+            for callback in self.on_window:
+                callback(window, source)
+        return window
 
     def _compaction_point(self, st: _TurnState) -> int | None:
         """The last event the summary replaces: the end of the previous turn when earlier turns hold anything not yet

@@ -24,7 +24,7 @@ DEFAULT_MODELS = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC
 DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 REMOTE_ONLY = ("base_url", "api_key", "api_key_env", "api_key_header", "headers", "extra_body", "tool_choice",
                "parallel_tool_calls", "include_usage", "thinking_budget", "reasoning_effort", "temperature", "top_p",
-               "max_tokens", "timeout", "max_retries", "context_window")
+               "max_tokens", "timeout", "max_retries", "context_window", "transcript")
 
 
 def settings(config: Config) -> list[tuple[str, Any, str]]:
@@ -67,11 +67,39 @@ def settings(config: Config) -> list[tuple[str, Any, str]]:
         ("temperature", config.temperature), ("top_p", config.top_p), ("reasoning_effort", config.reasoning_effort),
         ("thinking_budget", config.thinking_budget), ("tool_choice", config.tool_choice),
         ("parallel_tool_calls", config.parallel_tool_calls), ("include_usage", config.include_usage),
-        ("context_window", config.context_window), ("headers", headers or None),
-        ("extra_body", config.extra_body or None),
+        ("headers", headers or None), ("extra_body", config.extra_body or None),
     ):
         rows.append((name, value, src.get(name, "default")))
+    rows.append(("context_window", *context_window_row(config, model, url)))
+    rows.append(("transcript", config.transcript, src.get("transcript", "default")))
     return rows
+
+
+def context_window_row(config: Config, model: str, url: str) -> tuple[int, str]:
+    """The window requests are kept inside, and where it comes from: configured (profile, CAIRN_CONTEXT_WINDOW), else
+    what a local server says (asked now, a few seconds at most), else the model family's (SPEC §7 rev 3)."""
+    from ..agent.compaction import configured_window, context_window_for
+
+    if config.context_window:
+        return config.context_window, config.sources.get("context_window", "default")
+    configured = configured_window(config.env)
+    if configured:
+        return configured, "env CAIRN_CONTEXT_WINDOW"
+    if config.provider == "openai":
+        import anyio
+        import httpx
+
+        from ..providers.served_limits import served_context_window
+
+        async def ask() -> tuple[int, str] | None:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                key = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else None
+                return await served_context_window(client, url.rstrip("/"), model, key)
+
+        found = anyio.run(ask)
+        if found:
+            return found
+    return context_window_for(model, {}), "default (model family)"
 
 
 def config_command(args: argparse.Namespace, config: Config) -> int:

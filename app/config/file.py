@@ -192,6 +192,8 @@ PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {
     "tool_choice": _tool_choice,
     "parallel_tool_calls": _boolean,
     "include_usage": _boolean,
+    # "text": send tool calls and results as alternating text from the start (servers whose template has no tool role)
+    "transcript": _choice("messages", "text"),
     "headers": _headers,
     "extra_body": _table,
     "timeout": _number(0.0),

@@ -35,7 +35,7 @@ PROVIDER_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_AP
 # settings a profile gives that only make sense for that profile's provider and endpoint: a resumed session that
 # continues with another provider does not take them
 ENDPOINT_SETTINGS = ("base_url", "api_key_env", "api_key_header", "headers", "extra_body", "tool_choice",
-                     "parallel_tool_calls", "reasoning_effort", "thinking_budget", "include_usage")
+                     "parallel_tool_calls", "reasoning_effort", "thinking_budget", "include_usage", "transcript")
 
 
 def default_home() -> Path:
@@ -86,6 +86,7 @@ class Config:
     include_usage: bool = True
     context_window: int | None = None
     thinking_budget: int | None = None
+    transcript: str = "messages"  # "text": tool calls and results written as text (SPEC §7 rev 3, text form)
     # MCP servers this session starts (config file `[mcp_servers.NAME]`, plus an editor's in ACP): tools.mcp configs
     mcp_servers: tuple[Any, ...] = ()
     # setting -> where its value came from: "flag --model", "env CAIRN_MODEL", "profile NAME", "default"
@@ -197,7 +198,7 @@ def resolve_config(
     )
     for name, default in (("api_key_header", None), ("headers", {}), ("extra_body", {}), ("tool_choice", None),
                           ("parallel_tool_calls", None), ("include_usage", True), ("context_window", None),
-                          ("thinking_budget", None), ("api_key_env", None)):
+                          ("thinking_budget", None), ("api_key_env", None), ("transcript", "messages")):
         setattr(config, name, picker.pick(name, None, "", None, default))
     return with_api_key(config, api_key)
 
@@ -456,10 +457,13 @@ def make_provider(config: Config):  # -> Provider
         cls, default_model = module.OpenAIProvider, DEFAULT_OPENAI_MODEL
         extra = {"include_usage": config.include_usage}
     _require_key(config, config.base_url or module.DEFAULT_BASE_URL)
-    return _build(lambda: cls(
+    provider = _build(lambda: cls(
         config.model or default_model, base_url=config.base_url, api_key=config.api_key, timeout=config.timeout,
         **extra, **provider_parameters(config),
     ))
+    # an explicit max_tokens is sent as set; the default one is kept inside a window the server reports
+    provider.max_tokens_explicit = config.sources.get("max_tokens", "default") != "default"
+    return provider
 
 
 def _require_key(config: Config, url: str) -> None:

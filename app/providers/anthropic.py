@@ -87,6 +87,10 @@ class AnthropicProvider(OpenAIProvider):
     def __repr__(self) -> str:
         return f"AnthropicProvider(model={self.model!r}, base_url={self._shown_url!r})"
 
+    async def server_context_window(self) -> int | None:
+        """Anthropic-style endpoints are not asked for limits (the model family's window applies)."""
+        return None
+
     @property
     def endpoint(self) -> str:
         """`<base_url>/v1/messages` (a base URL that already ends in /v1 or /v1/messages is taken as it is)."""

@@ -71,6 +71,7 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_TIMEOUT = 120.0  # seconds to wait for the next bytes of an answer
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_MAX_TOKENS = 8192
+MIN_OUTPUT_TOKENS = 256  # a window-derived max_tokens never goes below this
 MAX_MESSAGE_CHARS = 300  # the part of an error message taken from the server
 MAX_ERROR_BODY_BYTES = 64 * 1024
 MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is waited on for this long at most
@@ -301,6 +302,9 @@ class OpenAIProvider:
         self.timeout = _make_timeout(timeout)
         self.params: dict[str, Any] = dict(params or {})
         self.max_tokens = max_tokens
+        self._configured_max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+        self.max_tokens_explicit = False  # set by whoever built it from an explicit setting (it then wins)
+        self.served_window_source: str | None = None
         self.temperature = temperature
         self.top_p = top_p
         self.reasoning_effort = reasoning_effort
@@ -310,31 +314,25 @@ class OpenAIProvider:
         self.extra_headers: dict[str, str] = dict(extra_headers or {})
         self.extra_body: dict[str, Any] = dict(extra_body or {})
         self._client: httpx.AsyncClient | None = self._new_client()  # builds, connects nothing
-        self._served_window: int | None = None  # the server's context size once asked (0: it did not say)
 
     def __repr__(self) -> str:  # never show the key or URL credentials
         return f"OpenAIProvider(model={self.model!r}, base_url={self._shown_url!r})"
 
     async def server_context_window(self) -> int | None:
-        """The context size a local server says it has (llama.cpp `GET /props` → `default_generation_settings.n_ctx`),
-        asked once; None when it does not say, or for a hosted endpoint (nothing is sent there for it)."""
-        if self._served_window is not None:
-            return self._served_window or None
-        self._served_window = 0
-        from ..config.checks import is_local_url
+        """The context size a local server says it has (see `served_limits`), asked once per endpoint; None when it
+        does not say, or for a hosted endpoint (nothing is sent there for it)."""
+        from .served_limits import served_context_window
 
-        if not is_local_url(self.base_url):
-            return None
-        root = self.base_url.split("?", 1)[0].rstrip("/").removesuffix("/v1")
-        try:
-            reply = await self._get_client().get(f"{root}/props", timeout=3.0)
-            settings = reply.json().get("default_generation_settings", {}) if reply.status_code == 200 else {}
-            n_ctx = settings.get("n_ctx")
-        except (httpx.HTTPError, ValueError, AttributeError):
-            n_ctx = None
-        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx >= 256:
-            self._served_window = n_ctx
-        return self._served_window or None
+        auth = {k: v for k, v in self._headers().items() if k.lower() not in ("content-type", "accept")}
+        found = await served_context_window(self._get_client(), self.base_url, self.model, auth)
+        self.served_window_source = found[1] if found else None
+        return found[0] if found else None
+
+    def keep_output_within(self, window: int) -> None:
+        """Keep the default `max_tokens` well inside a known window (a quarter of it), so a small model that never
+        stops cannot fill the whole context; an explicitly set `max_tokens` wins (SPEC §7 rev 3)."""
+        if not self.max_tokens_explicit and self.max_tokens and window:
+            self.max_tokens = max(MIN_OUTPUT_TOKENS, min(self._configured_max_tokens, window // 4))
 
     @property
     def recorded_endpoint(self) -> str:

@@ -35,12 +35,13 @@ from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.session import LiveSession
 from cairn.widgets.persistence_service import PersistenceService
 from cairn.widgets.prompt_input import PromptInput
-from cairn.widgets.status_bar import StatusBar, TokenTotals
+from cairn.widgets.status_bar import StatusBar, TokenTotals, format_tokens
 from cairn.widgets.terminal_text import safe_text
 from cairn.widgets.transcript import Notice, Transcript
 
 from .. import quiet_gc, slash_commands
 from ..agent.approval import ApprovalAnswer, ApprovalRequest
+from ..agent.compaction import configured_window
 from ..agent.loop import TurnResult
 from ..compose import Agent, mount_agent
 from ..config.resolver import Config
@@ -125,7 +126,7 @@ class ChatScreen(Screen[None]):
     async def on_mount(self) -> None:
         status = self.query_one(StatusBar)
         status.session_id = self.session.id
-        status.provider = f"{self.provider.name}/{self.provider.model}" + self._other_host()
+        status.provider = self._provider_label()
         status.backend = self.config.backend
         status.show_durability("durable", self.session.coordinator.durable_seq)
         prompt = self.query_one(PromptInput)
@@ -155,6 +156,20 @@ class ChatScreen(Screen[None]):
                                               "needs checking.", markup=False, classes="-warning"))
                 transcript.scroll_end(animate=False)
             prompt.focus()
+
+    def _provider_label(self) -> str:
+        """`provider/model`, the other host if any, and the context window once known (`ctx 8.2k (server)` when the
+        server said it: SPEC §7 rev 3)."""
+        label = f"{self.provider.name}/{self.provider.model}" + self._other_host()
+        known = self.agent.loop.known_window if self.agent is not None else None
+        if known is not None:
+            tokens, source = known
+            label += f" · ctx {format_tokens(tokens)}" + (" (server)" if source.startswith("server") else "")
+        return label
+
+    def _refresh_provider(self) -> None:
+        if self.is_attached:
+            self.query_one(StatusBar).provider = self._provider_label()
 
     def _other_host(self) -> str:
         """` @host` when the operator named a server other than the one this session's last request went to (SPEC §6
@@ -188,6 +203,7 @@ class ChatScreen(Screen[None]):
             self.agent.loop.on_turn_result.append(self._turn_finished)
             self.agent.loop.on_compacting.append(self._set_compacting)
             self.agent.loop.on_waiting.append(self._set_waiting)
+            self.agent.loop.on_window.append(lambda *_: self._refresh_provider())
             self._agent_ready.set()
             await self._stop.wait()
         # leaving the stack: the loop cancelled its turn and wrote the real closing events; the policy is removed
@@ -436,11 +452,15 @@ class ChatScreen(Screen[None]):
         old, self.provider, self.config = self.provider, provider, config
         if self.agent is not None:
             self.session.add_secrets(secrets_of(provider))
-            self.agent.loop.provider = self.agent.provider = provider
-            self.agent.loop.profile = name
+            loop = self.agent.loop
+            loop.provider = self.agent.provider = provider
+            loop.profile = name
+            loop.context_window = config.context_window or configured_window()
+            loop.known_window = None  # asked again of the new endpoint before the next request
+            loop.text_form = config.transcript == "text" or loop._text_form_recorded()
             self.agent.config = config
         self.run_worker(old.aclose(), exit_on_error=False)
-        self.query_one(StatusBar).provider = f"{provider.name}/{provider.model}"
+        self._refresh_provider()
         await say(f"From the next turn on: profile {name}, {provider.name} {provider.model}.")
         return True
 
@@ -467,7 +487,7 @@ class ChatScreen(Screen[None]):
                 pass
             elif argument:
                 self.provider.model = argument
-                self.query_one(StatusBar).provider = f"{self.provider.name}/{self.provider.model}"
+                self._refresh_provider()
                 await say(f"From the next request on, the model is {argument} ({self.provider.name}).")
             else:
                 await say(f"Provider {self.provider.name}, model {self.provider.model}. "
