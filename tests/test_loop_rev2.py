@@ -297,3 +297,36 @@ async def test_a_request_that_gets_no_answer_reports_how_long_it_has_waited_unti
     assert result.reason == "completed" and result.text == "late but fine"
     waits = [s for s in seen if s is not None]
     assert len(waits) >= 3 and waits == sorted(waits) and seen[-1] is None
+
+
+async def test_an_answer_that_stops_mid_stream_is_reported_as_waiting_and_the_report_clears_when_bytes_come(tmp_path):
+    """Issue 26: the silence between later bytes counts too (SPEC §7 rev 3, "for a first byte or for the next one")."""
+    from openai_server import OpenAIServer, text
+
+    from cairn.app.compose import open_agent
+    from cairn.app.config.resolver import resolve_config
+    from cairn.persistence.events import AssistantChunk
+
+    order: list[object] = []  # "chunk" for each streamed piece, the seconds (or None) of each waiting report
+    (tmp_path / "ws").mkdir()
+    with OpenAIServer([text("first half, second half", chunks=4, hold_after=3)]) as server:
+        config = resolve_config(home=str(tmp_path / "home"), provider="openai", base_url=server.base_url, model="m",
+                                workspace=str(tmp_path / "ws"), env={})
+        async with open_agent(config) as agent:
+            agent.loop.wait_report_every = 0.1
+            agent.loop.on_waiting.append(order.append)
+            agent.session.subscribe(lambda e: order.append("chunk") if isinstance(e, AssistantChunk) else None)
+            async with anyio.create_task_group() as tg:
+                async def answer_late() -> None:  # the rest comes once two reports came after text had streamed
+                    while not ("chunk" in order and sum(isinstance(x, float) for x in
+                                                        order[order.index("chunk"):]) >= 2):
+                        await anyio.sleep(0.02)
+                    server.release()
+                tg.start_soon(answer_late)
+                result = await agent.run("hello")
+    assert result.reason == "completed" and result.text == "first half, second half"
+    first_chunk = order.index("chunk")
+    stalled = [i for i, x in enumerate(order) if isinstance(x, float) and i > first_chunk]
+    assert len(stalled) >= 2  # reported while the answer had started and then stopped
+    after = order[stalled[-1] + 1:]
+    assert after and after[0] is None and "chunk" in after  # cleared when bytes came again, then the rest streamed

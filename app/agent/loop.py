@@ -535,50 +535,36 @@ class AgentLoop:
         backoff = self.retry_base_delay * 2 ** (attempt - 1)
         return min(backoff * (0.5 + random.random() / 2), MAX_RETRY_DELAY)
 
-    def _report_waiting(self) -> Callable[[], None]:
-        """Tell `on_waiting` how long this attempt has waited, every `wait_report_every` seconds, until the returned
-        function is called (a timer on the event loop: no task, nothing to cancel into the stream)."""
+    def _watch_waiting(self) -> "_WaitWatch | _NoWatch":
+        """A watch that tells `on_waiting` how long the server has sent nothing — before the first byte and between
+        later ones — every `wait_report_every` seconds (a timer on the event loop: no task, nothing to cancel into the
+        stream; the stream's consumer only notes the time of each item)."""
         if not self.on_waiting:
-            return lambda: None
-        loop = asyncio.get_running_loop()
-        started = time.monotonic()
-
-        def tick() -> None:
-            for callback in self.on_waiting:
-                callback(time.monotonic() - started)
-            handle[0] = loop.call_later(self.wait_report_every, tick)
-
-        handle = [loop.call_later(self.wait_report_every, tick)]
-
-        def stop() -> None:
-            if handle:
-                handle.pop().cancel()
-                for callback in self.on_waiting:
-                    callback(None)
-
-        return stop
+            return _NO_WATCH
+        return _WaitWatch(asyncio.get_running_loop(), self.wait_report_every, self.on_waiting)
 
     async def _consume(self, st: _TurnState, stream: AsyncIterator[Any]) -> list[RawToolCall]:
         end: StreamEnd | None = None
-        stop_waiting = self._report_waiting()
+        watch = self._watch_waiting()
         async with aclosing(stream):  # type: ignore[type-var]
             st.streaming = True
             try:
                 item = await anext(stream, None)  # (a stalled server is reported meanwhile)
+                while item is not None:
+                    watch.progress()
+                    if isinstance(item, TextDelta):
+                        if item.text:
+                            st.text.append(item.text)
+                            self.session.append(AssistantChunk(turn=st.turn, step=st.step or 0, delta=item.text))
+                    elif isinstance(item, ReasoningDelta):
+                        if item.text:
+                            st.reasoning.append(item.text)
+                            self.session.append(ReasoningChunk(turn=st.turn, step=st.step or 0, delta=item.text))
+                    elif isinstance(item, StreamEnd):
+                        end = item
+                    item = await anext(stream, None)
             finally:
-                stop_waiting()
-            while item is not None:
-                if isinstance(item, TextDelta):
-                    if item.text:
-                        st.text.append(item.text)
-                        self.session.append(AssistantChunk(turn=st.turn, step=st.step or 0, delta=item.text))
-                elif isinstance(item, ReasoningDelta):
-                    if item.text:
-                        st.reasoning.append(item.text)
-                        self.session.append(ReasoningChunk(turn=st.turn, step=st.step or 0, delta=item.text))
-                elif isinstance(item, StreamEnd):
-                    end = item
-                item = await anext(stream, None)
+                watch.stop()
         if end is None or end.finish_reason is None:
             what = "a final message" if end is None else "a finish reason"
             raise ProviderError(f"{self.provider.name}: the stream ended without {what}", "MALFORMED_STREAM")
@@ -839,3 +825,51 @@ def _cut_short(run: ToolRunContext | None, reason: str) -> ToolOutcome:
     why = "the turn was cancelled" if reason == "cancelled" else "the turn ended with an error"
     return ToolOutcome(f"Not run: {why} before this call was dispatched.", ABORTED_BEFORE_DISPATCH)
 
+
+class _NoWatch:
+    """Nobody listens for waiting reports: nothing is timed."""
+
+    def progress(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+_NO_WATCH = _NoWatch()
+
+
+class _WaitWatch:
+    """How long the server has sent nothing, reported every `every` seconds while it stays silent; None once bytes
+    come again and when the attempt ends."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, every: float, callbacks: list[Any]) -> None:
+        self.loop, self.every, self.callbacks = loop, every, callbacks
+        self.last = time.monotonic()
+        self.shown = False
+        self.handle: asyncio.TimerHandle | None = loop.call_later(every, self._tick)
+
+    def _tick(self) -> None:
+        idle = time.monotonic() - self.last
+        if idle >= self.every * 0.95:
+            self.shown = True
+            for callback in self.callbacks:
+                callback(idle)
+            delay = self.every
+        else:
+            delay = self.every - idle
+        self.handle = self.loop.call_later(delay, self._tick)
+
+    def progress(self) -> None:
+        self.last = time.monotonic()
+        if self.shown:
+            self.shown = False
+            for callback in self.callbacks:
+                callback(None)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+            for callback in self.callbacks:
+                callback(None)
