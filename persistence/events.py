@@ -171,6 +171,64 @@ class SessionMode(Event, tag="session/mode", kw_only=True):
     ignorable: bool = True
 
 
+class RecoveryEvidence(Event, tag="recovery/evidence", kw_only=True):
+    """(rev 3 §9, ignorable) What Cairn could verify itself about an OUTCOME_UNKNOWN call when it repaired the log: a
+    file tool's path against its fingerprints, a command's process. Evidence, not a verdict."""
+
+    call_id: str
+    finding: Verdict
+    detail: str
+    ignorable: bool = True
+
+
+class ConversationRewind(Event, tag="conversation/rewind", kw_only=True):
+    """(rev 3 §9, ignorable) The derived conversation continues from before turn `to_turn`; the log keeps everything
+    (a reader that skips this sends the longer history). `files`: the paths a rewind restored with it, which the model
+    is told about in its next request."""
+
+    to_turn: int
+    files: list[str] = []
+    ignorable: bool = True
+
+
+class RewindFile(msgspec.Struct, gc=False, kw_only=True):
+    """One file of a rewind plan: what it goes back to (a before-image's sha256, or None: delete it), and what Cairn
+    last wrote there (None: it did not exist), so a change made outside Cairn is seen before anything is overwritten."""
+
+    path: str
+    restore_sha256: str | None
+    expected_sha256: str | None
+
+
+class RewindPlan(Event, tag="rewind/plan", kw_only=True):
+    """(rev 3 §9, ignorable) A rewind's plan, made durable before the first file is touched."""
+
+    rewind_id: str
+    to_turn: int
+    files: list[RewindFile] = []
+    conversation: bool = False
+    commands_in: list[int] = []  # turns that ran commands: their changes are not restored
+    ignorable: bool = True
+
+
+class RewindStep(Event, tag="rewind/file", kw_only=True):
+    """(rev 3 §9, ignorable) One file of a rewind restored (`done`) or left as it was (`skipped`, with why)."""
+
+    rewind_id: str
+    path: str
+    outcome: Literal["done", "skipped"]
+    detail: str = ""
+    ignorable: bool = True
+
+
+class RewindEnd(Event, tag="rewind/end", kw_only=True):
+    """(rev 3 §9, ignorable) A rewind finished (`completed`) or was given up (`abandoned`) by the operator."""
+
+    rewind_id: str
+    outcome: Literal["completed", "abandoned"]
+    ignorable: bool = True
+
+
 class ApprovalAsked(Event, tag="approval/asked", kw_only=True):
     turn: int
     step: int
@@ -193,6 +251,10 @@ class ToolCall(Event, tag="tool/call", kw_only=True):
     arguments: Any
     safety: Safety
     parent_call_id: str | None
+    # rev 3 (§9), file tools only: the path's content hash before the body (None: it did not exist) and the hash the
+    # body will leave; computed before the pre-tool barrier. A call is fingerprinted when `after_sha256` is set.
+    before_sha256: str | None = None
+    after_sha256: str | None = None
 
 
 class ToolResult(Event, tag="tool/result", kw_only=True):
@@ -242,7 +304,8 @@ class IgnorableEvent(msgspec.Struct, gc=False):
 KnownEvent = (
     TurnStart | StepStart | UserMessage | RequestHeader | AssistantChunk | AssistantMessage | ApprovalAsked
     | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd | ReasoningChunk | RequestRetry
-    | ToolProgress | ContextCompaction | SessionMode
+    | ToolProgress | ContextCompaction | SessionMode | RecoveryEvidence | ConversationRewind | RewindPlan | RewindStep
+    | RewindEnd
 )
 AnyEvent = KnownEvent | IgnorableEvent
 
