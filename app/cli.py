@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("session_id", metavar="SESSION_ID")
     ins.add_argument("--follow", action="store_true", help="keep showing the events another process is writing")
 
+    from .commands.rewind import add_parsers as add_rewind_parsers
+
+    add_rewind_parsers(sub, common)
+
     sub.add_parser("acp", parents=[common], help="run as an Agent Client Protocol agent over stdio")
 
     c = sub.add_parser("config", parents=[common], help="show the effective configuration and where each value came from")
@@ -178,6 +182,12 @@ def dispatch(args: argparse.Namespace) -> int:
 
         store = open_store(config_from(args, runs_model=False))
         return rm_command(args, store) if command == "rm" else export_command(args, store)
+    if command in ("rewind", "fork"):
+        from .commands.rewind import fork_command, rewind_command
+
+        config = config_from(args, runs_model=False)
+        store = open_store(config)
+        return rewind_command(args, config, store) if command == "rewind" else fork_command(args, store)
     if command == "inspect":
         from .screens.inspector import inspect_command  # Textual: imported for this command only
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from cairn.persistence.coordinator import DEFAULT_WINDOW
@@ -111,9 +112,28 @@ async def mount_agent(
         context_window=getattr(config, "context_window", None) or configured_window(),
         profile=getattr(config, "profile", None),
         text_form=getattr(config, "transcript", "messages") == "text",
+        blobs=before_images(stack, config),
     )
     await stack.enter_async_context(loop)
     return Agent(session, loop, policy, provider, config, mcp)
+
+
+def before_images(stack: AsyncExitStack, config: Config) -> Callable[[], Any]:
+    """The before-image store beside the config's sessions (SPEC §9 rev 3), built on the first file-tool call and
+    closed with the stack."""
+    built: list[Any] = []
+
+    def store() -> Any:
+        if not built:
+            from cairn.persistence.blobs import blob_store_for
+            from cairn.persistence.store import make_backend
+
+            built.append(blob_store_for(make_backend(config.backend, Path(config.home),
+                                                     getattr(config, "database_url", None))))
+            stack.callback(built[0].close)
+        return built[0]
+
+    return store
 
 
 @asynccontextmanager

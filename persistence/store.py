@@ -25,6 +25,7 @@ from .events import AnyEvent, SessionHeader, TurnEnd, TurnStart, UserMessage, en
 from .ids import check_session_id, new_session_id
 from .jsonl import JsonlBackend
 from .locks import SessionLock, lock_holder
+from .evidence import gather_evidence
 from .repair import repair_interrupted_turn
 
 BACKENDS = ("jsonl", "sqlite", "postgres")
@@ -143,7 +144,7 @@ class SessionStore:
         try:
             writer, log = self.backend.open_writer(session_id)
             try:
-                repaired = repair_interrupted_turn(log.events)
+                repaired = repair_with_evidence(log.events, log.header.cwd)
                 if repaired:
                     writer.append([(e.seq, encode_event(e)) for e in repaired], durable=True)
             except (OSError, sqlite3.Error) as e:
@@ -163,7 +164,7 @@ class SessionStore:
         check_session_id(session_id)
         log = self.backend.load(session_id)
         holder = self._holder(session_id, log)
-        repair = [] if holder is not None else repair_interrupted_turn(log.events)
+        repair = [] if holder is not None else repair_with_evidence(log.events, log.header.cwd)
         return Inspection(log.header, log.events, repair, holder, log.torn_bytes)
 
     def _holder(self, session_id: str, log) -> int | None:
@@ -224,6 +225,19 @@ class SessionStore:
             if os.path.realpath(summary.cwd) == os.path.realpath(cwd):
                 return summary.id
         return None
+
+
+def repair_with_evidence(events: list[AnyEvent], workspace: str) -> list[AnyEvent]:
+    """Repair's closing events (SPEC §4), then the `recovery/evidence` Cairn can gather about its OUTCOME_UNKNOWN calls
+    by looking at the workspace now (§9), numbered after them: both are committed together on resume."""
+    repaired = repair_interrupted_turn(events)
+    if not repaired:
+        return repaired
+    last = repaired[-1]
+    found = gather_evidence(events, repaired, Path(workspace))
+    for offset, evidence in enumerate(found, 1):
+        evidence.seq, evidence.time = last.seq + offset, last.time
+    return [*repaired, *found]
 
 
 def unreadable_reason(error: BaseException) -> str:

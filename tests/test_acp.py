@@ -271,8 +271,9 @@ async def test_load_of_a_crashed_session_replays_history_with_recovered_calls(ri
     assert SIDE_EFFECT in content_text(side)  # the full command is part of the call
     assert [c.type for c in later.content] == ["content"]  # no diff for a write that never happened
     assert (side.kind, side.raw_input) == ("execute", {"command": SIDE_EFFECT})
-    assert [event_type(e) for e in stored.events][-4:] == ["tool/result", "tool/result", "step/end", "turn/end"]
-    assert stored.events[-1].reason == "interrupted" and stored.repair == []
+    assert [event_type(e) for e in stored.events][-5:] == ["tool/result", "tool/result", "step/end", "turn/end",
+                                                           "recovery/evidence"]  # the command's process was checked
+    assert stored.events[-2].reason == "interrupted" and stored.repair == []
     assert response.stop_reason == "end_turn"  # and the session goes on
     assert [e["type"] for e in rig.show("crashed")][-1] == "turn/end"
 

@@ -47,6 +47,7 @@ class ToolRunContext:
     safety: str
     parent_call_id: str | None
     body_started: bool = False  # set by the innermost call; tells cancellation "aborted before dispatch" from "unknown"
+    fingerprint: Any = None  # a file tool's (tools.files.Fingerprint), recorded on its tool/call before the barrier
 
 
 @dataclass

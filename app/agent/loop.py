@@ -59,10 +59,12 @@ from cairn.persistence.events import (
     TurnStart,
     UserMessage,
 )
+from cairn.persistence.blobs import MAX_BEFORE_IMAGE, BlobStore
 from cairn.persistence.session import LiveSession
 
 from ..providers.base import ModelRequest, Provider, ProviderError, RawToolCall, ReasoningDelta, StreamEnd, TextDelta
 from ..tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
+from ..tools.files import Fingerprint, edit_file, fingerprint, write_file
 from ..tools.registry import ToolRegistry
 from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answer, headless_approver, needs_approval
 from .compaction import (
@@ -181,6 +183,7 @@ class AgentLoop:
         context_window: int | None = None,
         profile: str | None = None,
         text_form: bool = False,
+        blobs: Callable[[], BlobStore] | None = None,
     ) -> None:
         self.session = session
         self.provider = provider
@@ -213,6 +216,7 @@ class AgentLoop:
         # text form (SPEC §7 rev 3): this endpoint and model refused the tool role once; kept for the session, and
         # taken up again from the log when the session is resumed on the same endpoint and model
         self.text_form = text_form or self._text_form_recorded()
+        self.blobs = blobs  # the before-image store beside the session (built on first use); None: none kept
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
         self._next_turn = 1 + max((e.turn for e in session.events if isinstance(e, TurnStart)), default=0)
@@ -686,8 +690,22 @@ class AgentLoop:
                 note = f" The operator's note: {answer.note}" if answer.note else ""
                 self._append_result(st, call, ToolOutcome(f"The operator denied this call; it did not run.{note}", DENIED))
                 return
-        run = self._record_call(st, call)
+        prints = await self._fingerprint(request.name, request.arguments)
+        run = self._record_call(st, call, prints)
         self._append_result(st, call, await self._execute(run))
+
+    async def _fingerprint(self, name: str, arguments: dict[str, Any]) -> Fingerprint | None:
+        """A file tool's fingerprint, with its before-image stored durably — both before its `tool/call` is appended,
+        so the pre-tool barrier that follows covers a call whose image is already on disk (SPEC §9 rev 3)."""
+        tool = self.tools.get(name)
+        if tool is None or tool.body not in (write_file, edit_file):  # Cairn's own file tools only
+            return None
+        found = await anyio.to_thread.run_sync(fingerprint, name, arguments, self.workspace, MAX_BEFORE_IMAGE)
+        if found is not None and found.before is not None and self.blobs is not None:
+            await anyio.to_thread.run_sync(self.blobs().put, found.before)
+        elif found is not None and found.before is None and found.before_sha256 is not None:
+            log.info("%s is over %d bytes: its before-image is not kept (not restorable)", name, MAX_BEFORE_IMAGE)
+        return found
 
     async def _ask(self, st: _TurnState, call: _CallState, safety: str) -> ApprovalAnswer:
         r = call.request
@@ -704,17 +722,20 @@ class AgentLoop:
             await anyio.lowlevel.checkpoint()
         return answer
 
-    def _record_call(self, st: _TurnState, call: _CallState) -> ToolRunContext:
+    def _record_call(self, st: _TurnState, call: _CallState, fingerprint: Fingerprint | None = None) -> ToolRunContext:
         r = call.request
         tool = self.tools.get(r.name)
         safety = tool.safety if tool else "side_effecting"
         event = self.session.append(
             ToolCall(turn=st.turn, step=st.step or 0, call_id=r.call_id, name=r.name, arguments=r.arguments,
-                     safety=safety, parent_call_id=None)
+                     safety=safety, parent_call_id=None,
+                     before_sha256=fingerprint.before_sha256 if fingerprint else None,
+                     after_sha256=fingerprint.after_sha256 if fingerprint else None)
         )
         call.call_seq = event.seq
         args = r.arguments if isinstance(r.arguments, dict) else {}
-        call.run = ToolRunContext(self.session, st.turn, st.step or 0, r.call_id, r.name, args, safety, None)
+        call.run = ToolRunContext(self.session, st.turn, st.step or 0, r.call_id, r.name, args, safety, None,
+                                  fingerprint=fingerprint)
         return call.run
 
     async def _execute(self, run: ToolRunContext) -> ToolOutcome:
@@ -731,7 +752,8 @@ class AgentLoop:
         async def body() -> ToolOutcome:
             run.body_started = True
             ctx = ToolContext(self.workspace, run.call_id, run.turn, run.step, run.parent_call_id, dispatch,
-                              progress=lambda pid, started: self._progress(run, pid, started))
+                              progress=lambda pid, started: self._progress(run, pid, started),
+                              fingerprint=run.fingerprint)
             try:
                 return ToolOutcome(truncate_output(await tool.body(run.arguments, ctx), RESULT_LIMIT))
             except ToolFailure as e:

@@ -33,7 +33,12 @@ from cairn.persistence.events import (
     AnyEvent,
     AssistantMessage,
     ContextCompaction,
+    ConversationRewind,
+    RecoveryEvidence,
     RecoveryVerdict,
+    RewindEnd,
+    RewindPlan,
+    RewindStep,
     StepEnd,
     StepStart,
     ToolCall,
@@ -105,6 +110,14 @@ class Transcript:
                 f"[Cairn recovery] The operator checked the interrupted call {shown} "
                 f"(`{name}`): {VERDICT_WORDS[event.verdict]}.{note}"
             )
+        elif isinstance(event, RecoveryEvidence):
+            name = self._names.get(event.call_id, "a tool")
+            shown = self._shown.get(event.call_id, event.call_id)
+            self._add_user(f"[Cairn recovery] Cairn checked the interrupted call {shown} (`{name}`): {event.detail}.")
+        elif isinstance(event, ConversationRewind):
+            self._rewind(event)
+        elif isinstance(event, RewindEnd) and event.outcome == "completed":
+            self._tell_rewound_files(event)
         elif isinstance(event, TurnStart):
             self._close_answer()
             for message in self._reasoned:
@@ -131,6 +144,33 @@ class Transcript:
         for e in source:
             if event.through_seq < e.seq < event.seq:
                 self.add(e)
+
+    def _rewind(self, event: ConversationRewind) -> None:
+        """The conversation continues from before turn `to_turn`: rebuilt from the events before that turn began
+        (earlier rewinds and compactions among them apply as they did); the log keeps everything."""
+        source = self._source
+        cut = next((e.seq for e in source if isinstance(e, TurnStart) and e.turn == event.to_turn), event.seq)
+        self.__init__(source)  # type: ignore[misc]
+        for e in source:
+            if e.seq >= cut:
+                break
+            self.add(e)
+
+    def _tell_rewound_files(self, event: RewindEnd) -> None:
+        """Tell the model which files went back, so it does not assume its earlier edits are still there."""
+        plan = next((e for e in reversed(self._source) if isinstance(e, RewindPlan) and e.rewind_id == event.rewind_id
+                     and e.seq < event.seq), None)
+        if plan is None:
+            return
+        restored = {e.path for e in self._source if isinstance(e, RewindStep) and e.rewind_id == event.rewind_id
+                    and e.outcome == "done"}
+        files = [f for f in plan.files if f.path in restored]
+        if not files:
+            return
+        listed = ", ".join(f"{f.path} ({'restored' if f.restore_sha256 else 'deleted: it did not exist then'})"
+                           for f in files)
+        self._add_user(f"[Cairn] The operator rewound files to how they were before turn {plan.to_turn}: {listed}. "
+                       "Changes made to them from that turn on are undone; read them again before relying on them.")
 
     # -- messages ---------------------------------------------------------------------------------------------------
 

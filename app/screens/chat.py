@@ -158,13 +158,12 @@ class ChatScreen(Screen[None]):
             prompt.focus()
 
     def _provider_label(self) -> str:
-        """`provider/model`, the other host if any, and the context window once known (`ctx 8.2k (server)` when the
-        server said it: SPEC §7 rev 3)."""
+        """`provider/model`, the other host if any, and the context window when the server said it (`ctx 8.2k
+        (server)`: SPEC §7 rev 3)."""
         label = f"{self.provider.name}/{self.provider.model}" + self._other_host()
         known = self.agent.loop.known_window if self.agent is not None else None
-        if known is not None:
-            tokens, source = known
-            label += f" · ctx {format_tokens(tokens)}" + (" (server)" if source.startswith("server") else "")
+        if known is not None and known[1].startswith("server"):  # a configured or family window is no news
+            label += f" · ctx {format_tokens(known[0])} (server)"
         return label
 
     def _refresh_provider(self) -> None:

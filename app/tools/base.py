@@ -33,6 +33,8 @@ class ToolContext:
     dispatch: Callable[[str, dict[str, Any]], Awaitable[str]]
     # Record that the body started a process (pid, start time in ms): appends `tool/progress` (write-behind).
     progress: Callable[[int, int], None] = lambda pid, started: None
+    # a file tool's fingerprint (files.Fingerprint) recorded on its tool/call: the body refuses when the file changed
+    fingerprint: Any = None
 
 
 ToolBody = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

@@ -19,6 +19,7 @@ SPEC §8, and why each part is built as it is:
 from __future__ import annotations
 
 import codecs
+import hashlib
 import contextlib
 import errno
 import fnmatch
@@ -26,6 +27,7 @@ import os
 import secrets
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -395,7 +397,71 @@ def atomic_write(dir_fd: int, name: str, data: bytes) -> None:
         os.fsync(dir_fd)
 
 
-def _write_file(args: dict[str, Any], workspace: Path) -> str:
+@dataclass(frozen=True)
+class Fingerprint:
+    """A file tool's intent, fingerprinted before its pre-tool barrier (SPEC §9 rev 3): the path's content hash now
+    (None: no file), the hash the body will leave, and the content to keep as the before-image (None: no file, or
+    over the size limit, so not restorable)."""
+
+    before_sha256: str | None
+    after_sha256: str
+    before: bytes | None
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _current(found: Located) -> bytes | None:
+    """The located regular file's content (None: it does not exist)."""
+    if found.st is None:
+        return None
+    _refuse_irregular(found.shown, found.st.st_mode)
+    return read_regular_file(found)
+
+
+def fingerprint(name: str, args: Any, workspace: Path, max_before: int) -> Fingerprint | None:
+    """The fingerprint of a `write_file` or `edit_file` call, or None when it has none: another tool, arguments the
+    body will refuse anyway, an edit that does not apply, a path that cannot be read."""
+    if name not in ("write_file", "edit_file") or not isinstance(args, dict):
+        return None
+    try:
+        path = require_str(args, "path")
+        if name == "write_file":
+            after = printable(require_str(args, "content", allow_empty=True)).encode("utf-8")
+        with locate(workspace, path) as found:
+            if found.is_dir:
+                return None
+            before = _current(found)
+        if name == "edit_file":
+            if before is None:
+                return None
+            text = before.decode("utf-8")
+            old, new = require_str(args, "old"), require_str(args, "new", allow_empty=True)
+            at = _occurrences(text, old)
+            if len(at) != 1 or old == new:
+                return None
+            after = printable(text[:at[0]] + new + text[at[0] + len(old):]).encode("utf-8")
+    except MissingPath:
+        before = None
+        if name == "edit_file":
+            return None
+    except (ToolFailure, OSError, UnicodeDecodeError, ValueError):
+        return None
+    keep = before if before is not None and len(before) <= max_before else None
+    return Fingerprint(_sha(before) if before is not None else None, _sha(after), keep)
+
+
+def _unchanged_since(found: Located, expected: Fingerprint | None, data: bytes | None) -> None:
+    """Refuse (TOOL_ERROR, nothing written) when the file changed between the fingerprint and the write."""
+    if expected is not None and (_sha(data) if data is not None else None) != expected.before_sha256:
+        raise ToolFailure(
+            f"{found.shown} changed after this call was recorded (its content is no longer what Cairn fingerprinted); "
+            "nothing was written. Read it again before changing it."
+        )
+
+
+def _write_file(args: dict[str, Any], workspace: Path, expected: Fingerprint | None = None) -> str:
     path = require_str(args, "path")
     content = require_str(args, "content", allow_empty=True)
     data = printable(content).encode("utf-8")  # a lone surrogate from the model's JSON becomes U+FFFD, not a crash
@@ -406,14 +472,18 @@ def _write_file(args: dict[str, Any], workspace: Path) -> str:
         assert found.name is not None
         if found.st is not None:
             _refuse_irregular(shown, found.st.st_mode)
-            if found.st.st_size == len(data) and read_regular_file(found) == data:
+            now = read_regular_file(found) if expected is not None or found.st.st_size == len(data) else None
+            _unchanged_since(found, expected, now)
+            if now == data:
                 return f"wrote {len(data)} bytes to {shown} (the file already had exactly this content)"
+        else:
+            _unchanged_since(found, expected, None)
         atomic_write(found.dir_fd, found.name, data)
     return f"wrote {len(data)} bytes to {shown}"
 
 
 async def write_file(args: dict[str, Any], ctx: ToolContext) -> str:
-    return await _in_thread(_write_file, args, ctx.workspace)
+    return await _in_thread(_write_file, args, ctx.workspace, ctx.fingerprint)
 
 
 def _occurrences(text: str, needle: str) -> list[int]:
@@ -426,7 +496,7 @@ def _occurrences(text: str, needle: str) -> list[int]:
     return found
 
 
-def _edit_file(args: dict[str, Any], workspace: Path) -> str:
+def _edit_file(args: dict[str, Any], workspace: Path, expected: Fingerprint | None = None) -> str:
     path = require_str(args, "path")
     old = require_str(args, "old")
     new = require_str(args, "new", allow_empty=True)
@@ -441,6 +511,7 @@ def _edit_file(args: dict[str, Any], workspace: Path) -> str:
                 raise ToolFailure(f"no such file: {shown} (use write_file to create a file)")
             assert found.name is not None
             data = read_regular_file(found)
+            _unchanged_since(found, expected, data)
             if looks_binary(data[:BINARY_SNIFF_BYTES]):
                 raise ToolFailure(f"{shown} looks like a binary file; edit_file only edits text")
             try:
@@ -468,7 +539,7 @@ def _edit_file(args: dict[str, Any], workspace: Path) -> str:
 
 
 async def edit_file(args: dict[str, Any], ctx: ToolContext) -> str:
-    return await _in_thread(_edit_file, args, ctx.workspace)
+    return await _in_thread(_edit_file, args, ctx.workspace, ctx.fingerprint)
 
 
 # --- tool definitions -------------------------------------------------------------------------------------------------
