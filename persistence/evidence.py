@@ -110,15 +110,11 @@ def process_running(pid: int, started_ms: int) -> bool | None:
                     if line.startswith("btime "))
         began_ms = (boot + int(fields[19]) / ticks) * 1000
     except (OSError, IndexError, ValueError, StopIteration):
-        return True  # it exists and its age cannot be read (not Linux): say it may still run
-    return abs(began_ms - started_ms) < 2_000 or began_ms < started_ms
+        return None  # it exists and its age cannot be read (not Linux): it cannot be told whether it is ours
+    return abs(began_ms - started_ms) < 2_000  # boot time is whole seconds; a reused pid started later
 
 
-def command_finding(call: ToolCall, progress: ToolProgress | None) -> RecoveryEvidence:
-    if progress is None:
-        return RecoveryEvidence(call_id=call.call_id, finding="unknown",
-                                detail="no process was recorded for it: it may have stopped before or right after it "
-                                       "started")
+def command_finding(call: ToolCall, progress: ToolProgress) -> RecoveryEvidence:
     running = process_running(progress.pid, progress.started)
     if running:
         detail = f"its process (pid {progress.pid}) is still running: it may not have finished yet"
@@ -142,8 +138,8 @@ def gather_evidence(events: list[AnyEvent], repaired: list[AnyEvent], workspace:
             continue
         if call.name in FILE_TOOLS:
             evidence = file_finding(call, workspace)
-        elif call.name == "run_command":
-            evidence = command_finding(call, progress.get(call.call_id))
+        elif call.name == "run_command" and call.call_id in progress:  # no recorded process: nothing to check
+            evidence = command_finding(call, progress[call.call_id])
         else:
             evidence = None
         if evidence is not None:
