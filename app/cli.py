@@ -150,6 +150,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(e), code)
 
 
+def collect_before_images(store: Any) -> None:
+    """After `cairn rm`: remove the before-images no remaining session names (SPEC §9 rev 3). A session that cannot be
+    read keeps everything (its needs are unknown)."""
+    from cairn.persistence.blobs import blob_store_for, names_needed
+    from cairn.persistence.errors import PersistenceError
+
+    needed: set[str] = set()
+    try:
+        for session_id in store.backend.list_ids():
+            needed |= names_needed(store.backend.load(session_id).events)
+    except (PersistenceError, OSError):
+        return
+    blobs = blob_store_for(store.backend)
+    try:
+        blobs.collect(needed)
+    finally:
+        blobs.close()
+
+
 def open_store(config: Any):  # -> SessionStore; without importing the agent (fast start-up)
     from cairn.persistence.store import SessionStore
 
@@ -181,7 +200,11 @@ def dispatch(args: argparse.Namespace) -> int:
         from .commands.housekeeping import export_command, rm_command
 
         store = open_store(config_from(args, runs_model=False))
-        return rm_command(args, store) if command == "rm" else export_command(args, store)
+        if command == "export":
+            return export_command(args, store)
+        code = rm_command(args, store)
+        collect_before_images(store)
+        return code
     if command in ("rewind", "fork"):
         from .commands.rewind import fork_command, rewind_command
 

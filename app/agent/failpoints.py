@@ -9,6 +9,10 @@ failpoint sits after the barrier at the same point. Without the variables nothin
 | approval          | while a call waits for approval (headless approver)                         |
 | after-tool-result | after the first top-level tool result was appended and written, before step/end |
 | turn-ended        | after the turn-end barrier                                                   |
+| tool-body-start   | after the first top-level call's pre-tool barrier, before its body runs      |
+| tool-body-done    | after the first top-level call's body returned, before its result is appended |
+| rewind-planned    | after a rewind's plan is durable, before its first file is touched          |
+| rewind-restored   | after a rewind restored (and recorded) its first file                       |
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from cairn.persistence.session import LiveSession
 from .approval import ApprovalRequest, Approver
 from .hooks import Hooks
 
-NAMES = ("prompt-accepted", "approval", "after-tool-result", "turn-ended")
+NAMES = ("prompt-accepted", "approval", "after-tool-result", "turn-ended", "tool-body-start", "tool-body-done",
+         "rewind-planned", "rewind-restored")
+REWIND_POINTS = ("rewind-planned", "rewind-restored")
 
 
 class Failpoint:
@@ -59,6 +65,17 @@ class Failpoint:
             hooks.add("after_tool", after_tool)
         elif self.name == "turn-ended":
             hooks.add("after_turn", turn_ended)
+        elif self.name in ("tool-body-start", "tool-body-done"):
+            hooks.add("around_tool", self._around_tool)
+
+    async def _around_tool(self, ctx: Any, call_next: Callable[[], Any]) -> Any:
+        if ctx.parent_call_id is not None:
+            return await call_next()
+        if self.name == "tool-body-start":
+            await self.stop_here()
+        outcome = await call_next()
+        await self.stop_here()  # tool-body-done: the body's effect is real, its result is not in the log
+        return outcome
 
     def wrap_approver(self, approver: Approver) -> Approver:
         if self.name != "approval":
@@ -77,3 +94,11 @@ def from_env(session: LiveSession, env: Mapping[str, str] | None = None) -> Fail
     if not name or not marker:
         return None
     return Failpoint(name, marker, session)
+
+
+async def rewind_point(name: str, session: LiveSession, env: Mapping[str, str] | None = None) -> None:
+    """Stop at a rewind's failpoint `name` when CAIRN_FAILPOINT names it (the engine calls this; nothing otherwise)."""
+    env = os.environ if env is None else env
+    if env.get("CAIRN_FAILPOINT") == name and env.get("CAIRN_FAILPOINT_MARKER"):
+        await session.flush()
+        await Failpoint(name, env["CAIRN_FAILPOINT_MARKER"], session).stop_here()

@@ -60,6 +60,7 @@ class FilePlan:
     current_sha256: str | None = None
     readable: bool = True
     restorable: bool = True  # False: the content to restore was not kept (over the size limit, or lost)
+    last_seq: int = -1  # the seq of Cairn's last call that changed it
 
     @property
     def already(self) -> bool:
@@ -139,6 +140,14 @@ def plan_rewind(events: list[AnyEvent], workspace: Path, to_turn: int, blobs: Bl
             by_path[path] = FilePlan(path, e.before_sha256, left)
         else:
             by_path[path].expected = left | ({by_path[path].restore_sha256} if unknown else set())
+        by_path[path].last_seq = e.seq
+    # a rewind since Cairn's last write to a path left it too (an abandoned one may have restored some files)
+    plans = {e.rewind_id: e for e in events if isinstance(e, RewindPlan)}
+    for e in events:
+        if isinstance(e, RewindStep) and e.outcome == "done" and e.path in by_path and e.rewind_id in plans:
+            item = by_path[e.path]
+            if e.seq > item.last_seq:
+                item.expected |= {f.restore_sha256 for f in plans[e.rewind_id].files if f.path == e.path}
     for item in by_path.values():
         target = inside(workspace, item.path)
         try:
@@ -242,7 +251,10 @@ async def _carry_out(session: LiveSession, workspace: Path, blobs: BlobStore | N
                      done: set[str], force: bool) -> Outcome:
     import anyio.to_thread
 
+    from .failpoints import rewind_point
+
     outcome = Outcome(plan.to_turn, command_turns=list(plan.commands_in), conversation=plan.conversation)
+    await rewind_point("rewind-planned", session)
     for item in plan.files:
         if item.path in done:
             outcome.restored.append(item.path)
@@ -251,6 +263,7 @@ async def _carry_out(session: LiveSession, workspace: Path, blobs: BlobStore | N
         if why is None:
             outcome.restored.append(item.path)
             session.append(RewindStep(rewind_id=plan.rewind_id, path=item.path, outcome="done"))
+            await rewind_point("rewind-restored", session)
         else:
             outcome.skipped.append((item.path, why))
             session.append(RewindStep(rewind_id=plan.rewind_id, path=item.path, outcome="skipped", detail=why))
