@@ -17,19 +17,45 @@ CAIRN_MODEL) choose others; `approve=True` allows every tool call, or pass an as
 Provider settings come as with the CLI (option, then environment, then the config file's profile, then defaults):
 `profile="deepseek"` picks a profile of the config file (`config_file=` names another file), or pass them explicitly,
 `provider="anthropic", base_url=…, api_key=…, model=…` (a key given here is used, never stored or shown).
+
+`await session.rewind(2)` (SPEC §9 rev 3) undoes turn 2 and later between turns, as `cairn rewind` does: the files
+Cairn's file tools changed go back to their content before turn 2 and the next `run` continues the conversation from
+before it (`scope="files"` or `"conversation"` for one of the two). It returns the lines an operator reads (what was
+restored, what was not and why, which turns ran commands whose changes are not restored) and raises `RewindRefused`,
+with nothing changed, for an unknown turn or a file changed outside Cairn since it wrote it (`force=True` overwrites).
 """
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from .agent.approval import ApprovalRequest, Approver, headless_approver
 from .agent.loop import TurnResult
+from .agent.rewind import RewindRefused, Scope
 from .compose import Agent, open_agent
 from .config.resolver import resolve_config
 
-__all__ = ["open_session", "Agent", "ApprovalRequest", "TurnResult"]
+__all__ = ["open_session", "Agent", "Session", "ApprovalRequest", "TurnResult", "RewindRefused"]
+
+
+@dataclass
+class Session(Agent):
+    """What `open_session` yields: the composed agent (`run`, `id`, `session`, `loop`, …) plus `rewind`."""
+
+    async def rewind(self, turn: int, scope: Scope = "both", force: bool = False) -> list[str]:
+        """Undo turn `turn` and later (see the module docstring); returns what happened, as readable lines."""
+        from .agent.rewind import describe, rewind
+
+        if scope not in ("files", "conversation", "both"):
+            raise ValueError(f"scope is 'files', 'conversation' or 'both', not {scope!r}")
+        if self.loop.busy:
+            raise RewindRefused("a turn is running: rewind between turns")
+        blobs = self.loop.blobs() if self.loop.blobs is not None else None
+        outcome = await rewind(self.session, Path(self.session.header.cwd), blobs, turn, scope, force=force)
+        return describe(outcome)
 
 
 @asynccontextmanager
@@ -50,7 +76,7 @@ async def open_session(
     api_key: str | None = None,
     approve: bool | Approver = False,
     report: Callable[[str], None] | None = None,
-) -> AsyncIterator[Agent]:
+) -> AsyncIterator[Session]:
     """Open (or resume) a session; leaving the block cancels any running turn and closes the session durably."""
     config = resolve_config(
         home=home, backend=backend, provider=provider, model=model, script=script, workspace=workspace,
@@ -58,4 +84,4 @@ async def open_session(
     )
     approver = approve if callable(approve) else headless_approver(bool(approve))
     async with open_agent(config, session_id=session_id, resume=resume, approver=approver, report=report) as agent:
-        yield agent
+        yield Session(**{f.name: getattr(agent, f.name) for f in fields(Agent)})

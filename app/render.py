@@ -10,8 +10,10 @@ from cairn.persistence.events import (
     AssistantChunk,
     AssistantMessage,
     ContextCompaction,
+    ConversationRewind,
     IgnorableEvent,
     ReasoningChunk,
+    RecoveryEvidence,
     RecoveryVerdict,
     RequestRetry,
     ToolCall,
@@ -65,12 +67,19 @@ def format_usage(usage: Usage | dict) -> str:
     return " · ".join(parts)
 
 
+def evidence_line(evidence: RecoveryEvidence) -> str:
+    """How a recovered call's evidence reads under it (SPEC §9): `evidence: happened — notes.txt holds …`."""
+    return f"evidence: {evidence.finding} — {evidence.detail}"
+
+
 def render_session(events: list[AnyEvent], repair_from: int | None = None) -> str:
     """A readable transcript. Events at index >= repair_from are marked as added by repair (not yet written).
     Reasoning is shown indented under `┆`, each answer's token usage after it, and the session's totals at the end.
-    The result still holds whatever the log holds: print it through `safe_text`."""
+    Evidence Cairn gathered about a recovered call (`recovery/evidence`, written after the repaired turn's end) is
+    shown under that call's result. The result still holds whatever the log holds: print it through `safe_text`."""
     out: list[str] = []
     names: dict[str, str] = {}
+    evidence = {e.call_id: e for e in events if isinstance(e, RecoveryEvidence)}
     for i, e in enumerate(events):
         mark = "  [repair]" if repair_from is not None and i >= repair_from else ""
         if isinstance(e, TurnStart):
@@ -103,6 +112,8 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
         elif isinstance(e, ToolResult):
             name = names.get(e.call_id, "tool")
             out.append(f"  ← {name} {e.call_id}: {result_status(e)} — {first_line(e.content)}{mark}")
+            if e.call_id in evidence:
+                out.append(f"    {evidence_line(evidence[e.call_id])}")
         elif isinstance(e, RecoveryVerdict):
             note = f" ({e.note})" if e.note else ""
             out.append(f"  ✓ verdict on {e.call_id}: {e.verdict}{note}")
@@ -112,6 +123,9 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
         elif isinstance(e, ContextCompaction):
             carried = f"; {len(e.carried)} recovery fact(s) carried verbatim" if e.carried else ""
             out.append(f"  ⋯ context compacted: events through seq {e.through_seq} summarised{carried}")
+        elif isinstance(e, ConversationRewind):
+            restored = f"; files restored: {', '.join(e.files)}" if e.files else ""
+            out.append(f"  ⟲ rewound: the conversation continues from before turn {e.to_turn}{restored}")
         elif isinstance(e, IgnorableEvent):
             out.append(f"  (ignored event {e.type})")
     # chunks of a step that never got its assistant/message (crash mid-stream) are still worth seeing

@@ -229,6 +229,10 @@ async def test_list_shows_this_workspaces_sessions_with_their_first_prompt(rig):
 SIDE_EFFECT = "echo $$ > side.pid; printf done > side.marker; sleep 60"
 
 
+def evidence_of(update) -> dict | None:
+    return (update.field_meta or {}).get("cairn", {}).get("evidence")
+
+
 def crash_during_side_effect(rig: Rig, sid: str) -> None:
     """A `cairn run --yes` child SIGKILLed while its first tool call's side effect is in progress."""
     calls = [
@@ -261,19 +265,31 @@ async def test_load_of_a_crashed_session_replays_history_with_recovered_calls(ri
     ]
     side, later = replayed[3], replayed[4]
     # the same status word as live (rev 2 of this test: repair's TOOL_ prefix is no longer shown), and machine-readable
-    assert result_text(side).startswith("OUTCOME_UNKNOWN: ") and "side-effecting" in result_text(side)
+    side_result = [c.content.text for c in side.content if c.type == "content"][-2 if evidence_of(side) else -1]
+    assert side_result.startswith("OUTCOME_UNKNOWN: ") and "side-effecting" in side_result
     assert result_text(later).startswith("NOT_STARTED: ")
-    assert side.field_meta["cairn"] == {"status": "OUTCOME_UNKNOWN", "error_code": "TOOL_OUTCOME_UNKNOWN",
-                                        "safety": "side_effecting", "recovered": True}
+    # the command's process is checked when its tool/progress reached the log before the kill (it is written behind
+    # the barrier, so the kill may come first): then the evidence is in the log after the turn's end, and on the card
+    progress = [e for e in stored.events if event_type(e) == "tool/progress"]
+    evidence = [e for e in stored.events if event_type(e) == "recovery/evidence"]
+    assert [(e.call_id, e.finding) for e in evidence] == ([("call_side", "unknown")] if progress else [])
+    expected_meta = {"status": "OUTCOME_UNKNOWN", "error_code": "TOOL_OUTCOME_UNKNOWN", "safety": "side_effecting",
+                     "recovered": True}
+    if evidence:
+        assert f"pid {progress[0].pid}" in evidence[0].detail
+        expected_meta["evidence"] = {"finding": "unknown", "detail": evidence[0].detail}
+        assert side.raw_output["evidence"] == expected_meta["evidence"]
+        assert content_text(side).endswith(f"Cairn checked after the crash: unknown — {evidence[0].detail}")
+    assert side.field_meta["cairn"] == expected_meta
     assert later.field_meta["cairn"] == {"status": "NOT_STARTED", "error_code": "TOOL_NOT_STARTED",
                                          "safety": "idempotent", "recovered": True}
     assert side.raw_output["status"] == "OUTCOME_UNKNOWN" and later.raw_output["error_code"] == "TOOL_NOT_STARTED"
     assert SIDE_EFFECT in content_text(side)  # the full command is part of the call
     assert [c.type for c in later.content] == ["content"]  # no diff for a write that never happened
     assert (side.kind, side.raw_input) == ("execute", {"command": SIDE_EFFECT})
-    assert [event_type(e) for e in stored.events][-5:] == ["tool/result", "tool/result", "step/end", "turn/end",
-                                                           "recovery/evidence"]  # the command's process was checked
-    assert stored.events[-2].reason == "interrupted" and stored.repair == []
+    closing = ["tool/result", "tool/result", "step/end", "turn/end"] + ["recovery/evidence"] * len(evidence)
+    assert [event_type(e) for e in stored.events][-len(closing):] == closing
+    assert stored.events[-1 - len(evidence)].reason == "interrupted" and stored.repair == []
     assert response.stop_reason == "end_turn"  # and the session goes on
     assert [e["type"] for e in rig.show("crashed")][-1] == "turn/end"
 

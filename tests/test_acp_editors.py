@@ -181,7 +181,7 @@ async def test_a_verdict_sent_as_a_slash_command_is_recorded_before_the_next_tur
             assert [json.loads(line)["verdict"] for line in on_disk if '"recovery/verdict"' in line] == ["happened"]
             await prompt(agent.conn, "crashed", "carry on")
             request = server.wait_for_requests(1)
-    assert [c.name for c in commands] == ["verdict", "usage", "sessions", "compact"]
+    assert [c.name for c in commands] == ["verdict", "usage", "sessions", "compact", "rewind"]
     assert bad.stop_reason == ok.stop_reason == "end_turn"
     assert said_bad.startswith("usage: /verdict") and "call_side" in said_bad
     assert said.startswith("Recorded: `call_side` happened")

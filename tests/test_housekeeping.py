@@ -75,6 +75,15 @@ def test_rm_deletes_finished_sessions_and_refuses_a_live_one(env, tmp_path):
     assert cairn(env, "show", "busy").returncode == 2
 
 
+def stored_log(env: dict, session_id: str) -> list[bytes]:
+    """The session's events exactly as stored (read-only), to prove a reader wrote nothing."""
+    from cairn.persistence.events import encode_event
+    from cairn.persistence.store import SessionStore
+
+    store = SessionStore(Path(env["CAIRN_HOME"]), env["CAIRN_BACKEND"])
+    return [encode_event(e) for e in store.backend.load(session_id).events]
+
+
 def test_export_marks_recovered_calls_and_verdict_free_sessions_read_cleanly(env, tmp_path):
     script = write_script(tmp_path / "crash.json", [{"text": "Deploying.", "tool_calls": [
         {"name": "run_command", "call_id": "call_deploy", "arguments": {"command": "echo up > up.txt; sleep 30"}},
@@ -89,7 +98,7 @@ def test_export_marks_recovered_calls_and_verdict_free_sessions_read_cleanly(env
         subprocess.run(["sleep", "0.05"])
     os.kill(child.pid, signal.SIGKILL)
     child.wait(10)
-    before = cairn(env, "show", "crashed", "--json").stdout
+    before = stored_log(env, "crashed")
 
     md = cairn(env, "export", "crashed")
     assert md.returncode == 0, md.stderr
@@ -102,8 +111,44 @@ def test_export_marks_recovered_calls_and_verdict_free_sessions_read_cleanly(env
     lines = [json.loads(x) for x in cairn(env, "export", "crashed", "--format", "json").stdout.splitlines()]
     assert [e["seq"] for e in lines] == list(range(len(lines)))
     repaired = [e for e in lines if e.get("repair")]
-    assert [e["type"] for e in repaired][-1] == "turn/end" and len(repaired) == 4
-    assert cairn(env, "show", "crashed", "--json").stdout == before, "export writes nothing"
+    # repair's four closing events; then, when the command's process was recorded before the kill (its tool/progress
+    # is written behind the barrier, so the kill may come first), the evidence Cairn gathered about it (SPEC §9)
+    progress = [e for e in lines if e["type"] == "tool/progress" and not e.get("repair")]
+    assert [e["call_id"] for e in progress] in ([], ["call_deploy"])
+    assert [e["type"] for e in repaired] == ["tool/result", "tool/result", "step/end", "turn/end"] + (
+        ["recovery/evidence"] if progress else [])
+    if progress:
+        evidence = repaired[-1]
+        assert (evidence["call_id"], evidence["finding"]) == ("call_deploy", "unknown")
+        assert f"pid {progress[0]['pid']}" in evidence["detail"]
+        # (gathered anew by each read: whether the process still runs may change between the two exports)
+        assert f"**Evidence** on `call_deploy` (Cairn checked): unknown — its process (pid {progress[0]['pid']})" \
+            in md.stdout
+    else:
+        assert "**Evidence**" not in md.stdout
+    # (compared as stored: `show` gathers the evidence anew, and whether the command's process still runs may change)
+    assert stored_log(env, "crashed") == before, "export writes nothing"
 
     bad = cairn(env, "export", "nope")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_export_marks_the_evidence_next_to_the_recovered_call(tmp_path):
+    """A write that reached the disk before a SIGKILL: the export says so beside the call, as `cairn show` does."""
+    from crash_harness import Rig
+    from test_show_evidence import CALL, EVIDENCE_DETAIL, SID, crash_after_a_write
+
+    rig = Rig(tmp_path)
+    try:
+        crash_after_a_write(rig)
+        md = rig.run("export", SID)
+        assert md.returncode == 0, md.stderr
+        text = md.stdout
+        call_at = text.index(f"`{CALL}` → OUTCOME_UNKNOWN **(recovered after a crash)**")
+        evidence_at = text.index(f"**Evidence** on `{CALL}` (Cairn checked): happened — {EVIDENCE_DETAIL}")
+        assert call_at < evidence_at < text.index("_Turn 2 ended interrupted_")
+        assert text.count("**Evidence**") == 1
+        as_json = [json.loads(x) for x in rig.run("export", SID, "--format", "json").stdout.splitlines()]
+        assert [(e["type"], e.get("repair")) for e in as_json][-2:] == [("turn/end", True), ("recovery/evidence", True)]
+    finally:
+        rig.cleanup()

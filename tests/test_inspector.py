@@ -400,3 +400,67 @@ def test_snapshot_recovered_session_160x45(snap_compare, tmp_path):
         app.theme = "textual-dark"
 
     assert snap_compare(app, run_before=prepare, terminal_size=(160, 45))
+
+
+# -- recovery evidence (SPEC §9 rev 3) ---------------------------------------------------------------------------------
+
+
+async def test_evidence_is_listed_readable_and_marked_on_the_recovered_call(tmp_path):
+    """A real write SIGKILLed before its result: the evidence row is part of what repair appends (pending, then
+    committed after the repaired turn's end), reads as a finding, and the recovered call's row and detail name it."""
+    from crash_harness import Rig
+    from test_show_evidence import CALL, EVIDENCE_DETAIL, SID, crash_after_a_write
+
+    rig = Rig(tmp_path)
+    try:
+        crash_after_a_write(rig)
+        store = rig.store()
+        model = model_of(store, SID)
+        ev = next(i for i, e in enumerate(model.events) if event_type(e) == "recovery/evidence")
+        result = next(i for i, e in enumerate(model.events) if isinstance(e, ToolResult) and e.call_id == CALL)
+        assert ev == len(model) - 1 and event_type(model.events[ev - 1]) == "turn/end"
+        assert model.is_pending(ev) and model.is_repair(ev) and model.kind(ev) == "recovery"
+        assert model.summary(ev).startswith(f"evidence on {CALL}: happened — {EVIDENCE_DETAIL}")
+        assert model.call_id(ev) == CALL and model.matches(ev, parse_filter(f"call:{CALL}"))
+        assert model.is_recovered_call(result) and model.summary(result).startswith("OUTCOME_UNKNOWN")
+        assert model.summary(result).endswith(" · evidence: happened")
+
+        app = InspectorApp(InspectorScreen.load(store, SID))
+        async with app.run_test(size=(120, 36)) as pilot:
+            table = app.screen.query_one(EventTable)
+            await pilot.press("home", "r")
+            await pilot.pause()
+            assert table.index == result
+            assert f"evidence: happened — {EVIDENCE_DETAIL}" in app.screen.detail_text
+            table.go_to_event(ev)
+            await pilot.pause()
+            assert '"finding": "happened"' in app.screen.detail_text
+
+        resumed = rig.run("run", "--resume", SID, "--provider", "script", "--script", rig.script([{"text": "ok"}]),
+                          "go on")
+        assert resumed.returncode == 0, resumed.stderr
+        model = model_of(store, SID)  # written now: recognised as repair's, evidence included
+        ev = next(i for i, e in enumerate(model.events) if event_type(e) == "recovery/evidence")
+        assert model.pending == [] and model.is_repair(ev) and not model.is_pending(ev)
+        assert any(start < ev + 1 == end for start, end in model.repair_blocks)
+        assert model.summary(result).endswith(" · evidence: happened")
+    finally:
+        rig.cleanup()
+
+
+def test_following_a_session_counts_evidence_that_arrives_after_its_repair_block(tmp_path):
+    """`--follow` may read a resume's repair and its evidence in two polls: the block grows to include it."""
+    from cairn.persistence.events import RecoveryEvidence
+    from cairn.persistence.repair import repair_interrupted_turn
+
+    events = crashed_turn()
+    for seq, e in enumerate(events):
+        e.seq, e.time = seq, CREATED + seq
+    repaired = repair_interrupted_turn(events)
+    model = InspectorModel("s", events + repaired)
+    assert model.repair_blocks == [(len(events), len(events) + len(repaired))]
+    evidence = RecoveryEvidence(call_id=repaired[0].call_id, finding="unknown", detail="pid 7 is no longer running")
+    evidence.seq, evidence.time = repaired[-1].seq + 1, repaired[-1].time
+    model.extend([evidence])
+    assert model.repair_blocks == [(len(events), len(model))]
+    assert model.summary(len(events)).endswith(" · evidence: unknown")

@@ -17,6 +17,11 @@ One ACP session is one Cairn session (same id), composed, checkpointed and repai
 Slash commands (offered with `available_commands_update`): `/verdict <call_id> happened|did_not_happen|unknown
 [note]` records an operator's verdict on an OUTCOME_UNKNOWN call as `recovery/verdict` between turns, as the TUI's
 resume screen does, so the model sees it in the next request; `/usage` and `/sessions` answer with a short message; `/compact` has the next request compacted first.
+`/rewind N [--files | --conversation] [--force]` (SPEC §9 rev 3) takes turns N and later back between turns: the files
+Cairn's file tools changed go back to their content before turn N (a file changed outside Cairn since is named and
+left alone unless `--force`), and the conversation continues from before turn N; the answer is what was restored,
+what was not and why, and which turns ran commands whose changes are not restored. A rewind a crash interrupted is
+named when the session is loaded and settled with `/rewind --finish` or `/rewind --abandon`.
 The first prompt names the session (`session_info_update`, and the title in `session/list`).
 
 Stop reasons: a completed turn → `end_turn`; a cancelled one (`session/cancel`, a dismissed permission request, or
@@ -98,7 +103,7 @@ from cairn.version import __version__
 from ..agent.loop import TurnResult
 from ..config.resolver import Config
 from ..render import USAGE_FIELDS, first_line, format_time, format_usage
-from .session import SessionHost, mode_state
+from .session import SessionHost, mode_state, pending_text
 from .updates import attachment_name, looks_binary, replay, session_title, shown_prompt, wire
 
 log = logging.getLogger("cairn.acp")
@@ -114,6 +119,10 @@ COMMANDS = [
     AvailableCommand(name="sessions", description="Cairn sessions in this workspace, newest first"),
     AvailableCommand(name="compact", description="Summarise the conversation so far before the next request "
                      "(unresolved recovered calls are kept verbatim)"),
+    AvailableCommand(name="rewind", description="Undo turn N and later: restore the files Cairn's tools changed and "
+                     "continue the conversation from before turn N (--force overwrites files changed outside Cairn)",
+                     input=AvailableCommandInput(root=UnstructuredCommandInput(
+                         hint="N [--files | --conversation] [--force]"))),
 ]
 
 
@@ -194,6 +203,11 @@ class CairnAgent:
         title = session_title(history)
         if title:
             host.pump.put(SessionInfoUpdate(session_update="session_info_update", title=title))
+        from ..agent.rewind import pending_rewind
+
+        pending = pending_rewind(history)
+        if pending is not None:  # a rewind a crash interrupted: shown on the next open, to finish or abandon (§9)
+            host.say(pending_text(*pending))
         self._greet(host, skipped)
         await host.pump.drain()
         return LoadSessionResponse(modes=mode_state(host.mode), config_options=profile_options(host))
@@ -317,6 +331,8 @@ class CairnAgent:
         name, _, rest = text.strip().partition(" ")
         if name == "/verdict":
             return await host.record_verdict(rest.strip())
+        if name == "/rewind":
+            return await host.rewind(rest.strip())
         if name == "/usage":
             events = host.agent.session.events if host.agent is not None else []
             totals = usage_totals(events, USAGE_FIELDS)

@@ -37,6 +37,7 @@ from acp.schema import AllowedOutcome, PermissionOption, SessionMode, SessionMod
 
 from cairn.persistence.errors import CheckpointFailed
 from cairn.persistence.events import AnyEvent, AssistantMessage, Decision, RecoveryVerdict, ToolCall, TurnStart
+from cairn.persistence.evidence import evidence_by_call
 from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.store import OpenedSession
 
@@ -44,6 +45,7 @@ from ..agent.approval import ApprovalRequest
 from ..agent.loop import TurnResult
 from ..compose import Agent, open_agent
 from ..config.resolver import Config
+from ..render import first_line
 from .updates import LiveView, call_content, tool_kind, tool_locations, tool_title, wire
 
 log = logging.getLogger("cairn.acp")
@@ -68,6 +70,15 @@ MODES = [
 ]
 EDIT_TOOLS = ("write_file", "edit_file")
 VERDICTS = ("happened", "did_not_happen", "unknown")
+
+
+def pending_text(plan: Any, done: set[str]) -> str:
+    """What an operator reads about a rewind a crash interrupted (SPEC §9: never a half-restored workspace with no
+    record), and how to settle it."""
+    left = [f.path for f in plan.files if f.path not in done]
+    return (f"A rewind to before turn {plan.to_turn} was interrupted (restored: {', '.join(sorted(done)) or 'none'}; "
+            f"not yet: {', '.join(left) or 'none'}). Send `/rewind --finish` to complete it or `/rewind --abandon` "
+            "to leave the files as they are.")
 
 
 def mode_state(current: str) -> SessionModeState:
@@ -268,17 +279,68 @@ class SessionHost:
             return "a turn is running; send /verdict when it has ended"
         self.agent.loop.record_verdict(call_id, verdict, note)
         events = self.agent.session.events
+        evidence = evidence_by_call(events).get(call_id)
         recorded = next(e for e in reversed(events) if isinstance(e, RecoveryVerdict))
         safety = next((e.safety for e in reversed(events) if isinstance(e, ToolCall) and e.call_id == call_id), None)
         try:
             await self.agent.session.flush()  # an operator's decision is durable at once (SPEC §2 rev 3)
         except CheckpointFailed as e:
-            self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety))
+            self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety, evidence))
             return (f"Recorded `{call_id}` {verdict}, but it is not durable yet ({e.cause}); it is written at the next "
                     "checkpoint.")
-        self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety))
+        self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety, evidence))
         return (f"Recorded: `{call_id}` {verdict}" + (f" ({note})" if note else "")
                 + ". The model will see it with your next prompt.")
+
+    async def rewind(self, arguments: str) -> str:
+        """`/rewind N [--files | --conversation] [--force]` (SPEC §9 rev 3): files Cairn's file tools changed in turns
+        N and later go back to their content before turn N, and/or the conversation continues from before it, with the
+        same crash-safe engine as `cairn rewind`. A file changed outside Cairn since is named and nothing is touched
+        unless `--force`. `/rewind --finish` / `--abandon` settle a rewind a crash interrupted. Between turns only."""
+        from ..agent.rewind import RewindRefused, abandon_rewind, describe, finish_rewind, pending_rewind, rewind
+
+        usage = "usage: /rewind N [--files | --conversation] [--force], or /rewind --finish | --abandon"
+        if self.agent is None:
+            return "this session is closing"
+        words = arguments.split()
+        flags = {w for w in words if w.startswith("--")}
+        numbers = [w for w in words if not w.startswith("--")]
+        unknown = flags - {"--force", "--files", "--conversation", "--finish", "--abandon"}
+        if unknown or len(numbers) > 1 or {"--files", "--conversation"} <= flags or {"--finish", "--abandon"} <= flags:
+            return f"{usage}."
+        settle = flags & {"--finish", "--abandon"}
+        if not settle and (not numbers or not numbers[0].isdigit()):
+            from ..agent.rewind import prompts
+
+            turns = "; ".join(f"{turn}: {first_line(text, 40)}" for turn, text in prompts(self.agent.session.events))
+            return f"{usage}. Turns: {turns or 'none yet'}."
+        if self.agent.loop.busy:
+            return "a turn is running; send /rewind when it has ended"
+        session = self.agent.session
+        blobs = self.agent.loop.blobs() if self.agent.loop.blobs is not None else None
+        force = "--force" in flags
+        try:
+            if "--abandon" in flags:
+                plan = await abandon_rewind(session)
+                return f"Abandoned the interrupted rewind to before turn {plan.to_turn}; files stay as they are."
+            if "--finish" in flags:
+                outcome = await finish_rewind(session, self.config.workspace, blobs, force=force)
+            else:
+                pending = pending_rewind(session.events)
+                if pending is not None:
+                    return pending_text(*pending)
+                scope = "files" if "--files" in flags else "conversation" if "--conversation" in flags else "both"
+                outcome = await rewind(session, self.config.workspace, blobs, int(numbers[0]), scope, force=force)
+        except RewindRefused as e:
+            if e.changed:
+                return (f"Nothing was rewound: {e}. Send `/rewind {numbers[0] if numbers else ''} --force`"
+                        " to overwrite them.").replace("  ", " ")
+            return f"Nothing was rewound: {e}."
+        except CheckpointFailed as e:
+            return (f"The rewind could not be made durable ({e.cause}); it is written at the next checkpoint, and "
+                    "an interrupted one can be finished with `/rewind --finish`.")
+        log.info("session %s: rewound to before turn %d", self.id, outcome.to_turn)
+        return "\n".join(describe(outcome))
 
     async def replay(self, updates: list[Any]) -> None:
         for update in updates:

@@ -19,7 +19,9 @@ file tools carry `locations`. Titles are short and readable ("Run `make test`", 
 
 Every result carries its outcome twice: as text starting with its status word (`OUTCOME_UNKNOWN: …`, the same word
 live and after a crash), and machine-readable in `rawOutput` and `_meta.cairn` (`status`, `error_code`, `safety`, and
-`verdict` once an operator gave one).
+`verdict` once an operator gave one). A recovered call Cairn could check after the crash (SPEC §9 rev 3: a file tool's
+path against its fingerprints, a command's process) also carries that evidence: `_meta.cairn.evidence` and
+`rawOutput.evidence` (`{"finding", "detail"}`), and a text block after the result ("Cairn checked after the crash: …").
 
 Text sent to the editor is data, not terminal output, so control characters go out as JSON escapes, unchanged. Lone
 surrogates are the exception (`wire`): the package's encoder would send them as `\\ud800` escapes, which strict JSON
@@ -63,6 +65,7 @@ from cairn.persistence.events import (
     AssistantChunk,
     AssistantMessage,
     ReasoningChunk,
+    RecoveryEvidence,
     RecoveryVerdict,
     StepEnd,
     ToolCall,
@@ -251,18 +254,33 @@ def result_text(result: ToolResult) -> str:
     return f"{status_word(result)}: {body}"
 
 
-def outcome_meta(result: ToolResult, safety: str | None, verdict: RecoveryVerdict | None = None) -> dict[str, Any]:
+def evidence_json(evidence: RecoveryEvidence) -> dict[str, str]:
+    return {"finding": evidence.finding, "detail": evidence.detail}
+
+
+def evidence_text(evidence: RecoveryEvidence) -> str:
+    return f"Cairn checked after the crash: {evidence.finding} — {evidence.detail}"
+
+
+def outcome_meta(result: ToolResult, safety: str | None, verdict: RecoveryVerdict | None = None,
+                 evidence: RecoveryEvidence | None = None) -> dict[str, Any]:
     """`_meta.cairn` of a finished call: what a client can act on without parsing text."""
     cairn: dict[str, Any] = {"status": status_word(result), "error_code": result.error_code, "safety": safety,
                              "recovered": result.error_code in RECOVERED}
+    if evidence is not None:
+        cairn["evidence"] = evidence_json(evidence)
     if verdict is not None:
         cairn["verdict"] = {"verdict": verdict.verdict, "note": verdict.note}
     return {"cairn": wire(cairn)}
 
 
-def raw_output(result: ToolResult) -> dict[str, Any]:
-    """The same status word as the content and `_meta` (`OUTCOME_UNKNOWN: …`, never repair's `TOOL_…:` prefix)."""
-    return wire({"status": status_word(result), "error_code": result.error_code, "text": result_text(result)})
+def raw_output(result: ToolResult, evidence: RecoveryEvidence | None = None) -> dict[str, Any]:
+    """The same status word as the content and `_meta` (`OUTCOME_UNKNOWN: …`, never repair's `TOOL_…:` prefix), and
+    the evidence Cairn gathered about a recovered call, as in `_meta`."""
+    out: dict[str, Any] = {"status": status_word(result), "error_code": result.error_code, "text": result_text(result)}
+    if evidence is not None:
+        out["evidence"] = evidence_json(evidence)
+    return wire(out)
 
 
 def final_status(result: ToolResult) -> ToolCallStatus:
@@ -334,7 +352,7 @@ class LiveView:
         return []
 
     def verdict_update(self, verdict: RecoveryVerdict, result: ToolResult | None,
-                       safety: str | None = None) -> ToolCallProgress:
+                       safety: str | None = None, evidence: RecoveryEvidence | None = None) -> ToolCallProgress:
         """The call's card after an operator's verdict over ACP (`/verdict`): its status stays the finished one (a
         client that gets no status would show the call as running again) and `_meta` keeps its safety."""
         info = self.calls.get(verdict.call_id) or CallInfo("tool", {}, safety)
@@ -343,8 +361,10 @@ class LiveView:
         return ToolCallProgress(
             session_update="tool_call_update", tool_call_id=wire(verdict.call_id),
             status=final_status(result) if result is not None else None,
-            content=finished_content(CallInfo(info.name, info.arguments, safety), text, [verdict_text(verdict)]),
-            field_meta=outcome_meta(result, safety, verdict) if result is not None else None,
+            content=finished_content(CallInfo(info.name, info.arguments, safety), text,
+                                     [*([evidence_text(evidence)] if evidence is not None else []),
+                                      verdict_text(verdict)]),
+            field_meta=outcome_meta(result, safety, verdict, evidence) if result is not None else None,
         )
 
 
@@ -386,6 +406,8 @@ def replay(events: list[AnyEvent], workspace: Path,
     chunks: list[str] = []  # assistant text of a step whose assistant/message was never written (crash mid-stream)
     thoughts: list[str] = []  # the same for its reasoning
     stopped_said = False  # "Cairn stopped here" already said for this turn
+    # evidence is written after the repaired turn's end: known up front, shown with the call it is about
+    evidence = {e.call_id: e for e in events if isinstance(e, RecoveryEvidence)}
 
     def flush_chunks() -> None:
         if thoughts:
@@ -424,12 +446,13 @@ def replay(events: list[AnyEvent], workspace: Path,
             results[e.call_id] = e
             if not e.is_error and info.diff is None:
                 info = CallInfo(info.name, info.arguments, info.safety, edit_diff(info.name, info.arguments, workspace))
+            found = evidence.get(e.call_id) if e.error_code in RECOVERED else None
             out.append(ToolCallStart(
                 session_update="tool_call", tool_call_id=wire(e.call_id), title=tool_title(info.name, info.arguments),
                 kind=tool_kind(info.name), status=final_status(e),
-                content=finished_content(info, result_text(e)),
+                content=finished_content(info, result_text(e), [evidence_text(found)] if found is not None else []),
                 locations=tool_locations(info.name, info.arguments, workspace), raw_input=wire(info.arguments),
-                raw_output=raw_output(e), field_meta=outcome_meta(e, info.safety),
+                raw_output=raw_output(e, found), field_meta=outcome_meta(e, info.safety, evidence=found),
             ))
         elif isinstance(e, StepEnd):
             flush_chunks()
@@ -444,10 +467,12 @@ def replay(events: list[AnyEvent], workspace: Path,
         elif isinstance(e, RecoveryVerdict) and e.call_id in results:
             result = results[e.call_id]
             info = calls.get(e.call_id) or CallInfo("tool", {}, None)
+            found = evidence.get(e.call_id) if result.error_code in RECOVERED else None
             out.append(ToolCallProgress(
                 session_update="tool_call_update", tool_call_id=wire(e.call_id), status=final_status(result),
-                content=finished_content(info, result_text(result), [verdict_text(e)]),
-                field_meta=outcome_meta(result, info.safety, e),
+                content=finished_content(info, result_text(result),
+                                         [*([evidence_text(found)] if found is not None else []), verdict_text(e)]),
+                field_meta=outcome_meta(result, info.safety, e, found),
             ))
     flush_chunks()
     return out

@@ -18,6 +18,8 @@ from cairn.persistence.events import (
     ApprovalDecided,
     AssistantMessage,
     ContextCompaction,
+    ConversationRewind,
+    RecoveryEvidence,
     RecoveryVerdict,
     ToolCall,
     ToolResult,
@@ -77,6 +79,7 @@ def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> 
     if stored < len(events):
         lines.append(f"- the log ends inside a turn: the last {len(events) - stored} events are what repair will add")
     calls: dict[int, ToolCall] = {}
+    evidence = {e.call_id: e for e in events if isinstance(e, RecoveryEvidence)}  # written after the turn's end
     decided: dict[str, str] = {}  # call id -> the decision that let it run (or not), as shown
     for i, e in enumerate(events):
         if isinstance(e, TurnStart):
@@ -99,9 +102,15 @@ def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> 
             marker = " **(recovered after a crash)**" if i >= stored or e.error_code in RECOVERY_WORDS else ""
             approval = f" · approval: {decided[e.call_id]}" if e.call_id in decided else ""
             lines += ["", f"**{name}**({arguments}) `{e.call_id}` → {status}{marker}{approval}", fence(e.content, "text")]
+            if e.call_id in evidence:
+                found = evidence[e.call_id]
+                lines += ["", f"**Evidence** on `{e.call_id}` (Cairn checked): {found.finding} — {found.detail}"]
         elif isinstance(e, RecoveryVerdict):
             note = f" — {e.note}" if e.note else ""
             lines += ["", f"**Operator verdict** on `{e.call_id}`: {e.verdict}{note}"]
+        elif isinstance(e, ConversationRewind):
+            restored = f"; files restored: {', '.join(e.files)}" if e.files else ""
+            lines += ["", f"_Rewound here: the conversation continues from before turn {e.to_turn}{restored}._"]
         elif isinstance(e, ContextCompaction):
             lines += ["", f"_Context compacted here (events through seq {e.through_seq} summarised)._"]
         elif isinstance(e, TurnEnd) and e.reason != "completed":

@@ -30,12 +30,17 @@ from cairn.persistence.events import (
     ApprovalDecided,
     AssistantChunk,
     AssistantMessage,
+    ConversationRewind,
     IgnorableEvent,
     ReasoningChunk,
+    RecoveryEvidence,
     RecoveryVerdict,
     RequestHeader,
     SessionMode,
     RequestRetry,
+    RewindEnd,
+    RewindPlan,
+    RewindStep,
     StepEnd,
     StepStart,
     ToolCall,
@@ -62,7 +67,7 @@ Separator = tuple[str, str]  # (what: "turn" | "crash" | "torn", text)
 
 def kind_of(event: AnyEvent, repaired: bool = False) -> str:
     """The colour family of an event: request, tool, result, error, recovery (plus boundary, prompt, other)."""
-    if repaired or isinstance(event, RecoveryVerdict):
+    if repaired or isinstance(event, (RecoveryVerdict, RecoveryEvidence)):
         return "recovery"
     t = type(event)
     if t is ToolResult:
@@ -157,6 +162,19 @@ def summary_of(event: AnyEvent, width: int = 200) -> str:
         return f"{result_status(e)} — {first_line(content, width)}"
     if t is RecoveryVerdict:
         return f"verdict: {e.verdict}" + (f" ({first_line(e.note, width)})" if e.note else "")
+    if t is RecoveryEvidence:
+        return f"evidence on {e.call_id}: {e.finding} — {first_line(e.detail, width)}"
+    if t is ConversationRewind:
+        restored = f" · files restored: {', '.join(e.files)}" if e.files else ""
+        return f"conversation continues from before turn {e.to_turn}{restored}"
+    if t is RewindPlan:
+        commands = f" · commands ran in {', '.join(map(str, e.commands_in))}" if e.commands_in else ""
+        what = " + conversation" if e.conversation else ""
+        return f"rewind {e.rewind_id} to before turn {e.to_turn}: {len(e.files)} file(s){what}{commands}"
+    if t is RewindStep:
+        return f"rewind {e.rewind_id}: {e.path} {e.outcome}" + (f" ({first_line(e.detail, width)})" if e.detail else "")
+    if t is RewindEnd:
+        return f"rewind {e.rewind_id} {e.outcome}"
     if t is TurnEnd:
         error = f": {e.error.code} {first_line(e.error.message, width)}" if e.error else ""
         return f"turn {e.turn} {e.reason}{error}"
@@ -251,8 +269,9 @@ class InspectorModel:
     append (empty for a live session); `live_pid` the writer's pid when another process holds the session."""
 
     def __init__(self, session_id: str, stored: list[AnyEvent], pending: list[AnyEvent] | None = None,
-                 live_pid: int | None = None, torn_bytes: int = 0, backend: str = "") -> None:
+                 live_pid: int | None = None, torn_bytes: int = 0, backend: str = "", cwd: str | None = None) -> None:
         self.session_id = session_id
+        self.cwd = cwd  # the session's workspace: where repair's evidence (SPEC §9) is gathered when following
         self.backend = backend
         self.stored: list[AnyEvent] = list(stored)
         self.pending: list[AnyEvent] = list(pending or [])
@@ -262,11 +281,15 @@ class InspectorModel:
         self.following = False
         self.turn_starts: list[int] = []  # indices of turn/start events
         self.repair_blocks: list[tuple[int, int]] = []  # [start, end) of events repair wrote (or would write)
+        self._evidence: dict[str, RecoveryEvidence] = {}
+        self._evidence_seen = -1  # len(events) when _evidence was built (rebuilt lazily, only for recovered rows)
         self._scan(0)
 
     @classmethod
     def from_inspection(cls, session_id: str, inspection: Any, backend: str = "") -> "InspectorModel":
-        return cls(session_id, inspection.events, inspection.repair, inspection.live_pid, inspection.torn_bytes, backend)
+        header = getattr(inspection, "header", None)
+        return cls(session_id, inspection.events, inspection.repair, inspection.live_pid, inspection.torn_bytes, backend,
+                   getattr(header, "cwd", None))
 
     # -- building ---------------------------------------------------------------------------------------------------
 
@@ -281,6 +304,9 @@ class InspectorModel:
                 block = self._committed_repair(i)
                 if block is not None:
                     self.repair_blocks.append(block)
+            elif (t is RecoveryEvidence and self.repair_blocks and self.repair_blocks[-1][1] == i
+                  and events[i].time == events[i - 1].time):  # evidence that arrived after its repair block (--follow)
+                self.repair_blocks[-1] = (self.repair_blocks[-1][0], i + 1)
         self._pending_block()
 
     def _pending_block(self) -> None:
@@ -307,9 +333,18 @@ class InspectorModel:
             if len(expected) == end + 1 - j and all(
                 encode_event(a) == encode_event(b) for a, b in zip(expected, events[j:end + 1])
             ):
-                return (j, end + 1)
+                return (j, self._evidence_after(end))
             j += 1
         return None
+
+    def _evidence_after(self, end: int) -> int:
+        """The end of a committed repair block: the evidence repair appended after the turn's end (SPEC §9, the same
+        time as the turn's end) belongs to it."""
+        events = self.stored
+        k = end + 1
+        while k < len(events) and type(events[k]) is RecoveryEvidence and events[k].time == events[end].time:
+            k += 1
+        return k
 
     def extend(self, new: Iterable[AnyEvent]) -> int:
         """Append events read while following; returns how many arrived."""
@@ -320,6 +355,7 @@ class InspectorModel:
         self.stored.extend(new)
         self.pending = []
         self.events = self.stored + self.pending
+        self._evidence_seen = -1
         self._scan(first)
         return len(new)
 
@@ -327,10 +363,18 @@ class InspectorModel:
         """What repair would append now (the writer went away inside a turn), or [] (it is live, or it closed)."""
         self.pending = list(pending)
         self.events = self.stored + self.pending
+        self._evidence_seen = -1
         self._pending_block()
 
     def recompute_pending(self) -> None:
-        self.set_pending([] if self.live_pid is not None else repair_interrupted_turn(self.stored))
+        if self.live_pid is not None:
+            self.set_pending([])
+        elif self.cwd is not None:  # as `store.inspect` would: repair's events, then the evidence it would record
+            from cairn.persistence.store import repair_with_evidence
+
+            self.set_pending(repair_with_evidence(self.stored, self.cwd))
+        else:
+            self.set_pending(repair_interrupted_turn(self.stored))
 
     # -- per row (only for rows on screen) -----------------------------------------------------------------------
 
@@ -393,7 +437,22 @@ class InspectorModel:
         return turn_step_of(self.events[i])
 
     def summary(self, i: int, width: int = 200) -> str:
-        return summary_of(self.events[i], width)
+        """A recovered call's result names the evidence Cairn gathered about it (the `recovery/evidence` row itself
+        comes after the repaired turn's end)."""
+        e = self.events[i]
+        text = summary_of(e, width)
+        if type(e) is ToolResult and e.error_code in RECOVERED_CODES:  # type: ignore[union-attr]
+            found = self.evidence_for(e.call_id)  # type: ignore[union-attr]
+            if found is not None:
+                text += f" · evidence: {found.finding}"
+        return text
+
+    def evidence_for(self, call_id: str) -> RecoveryEvidence | None:
+        """The latest evidence recorded (or that repair would record) about `call_id`."""
+        if self._evidence_seen != len(self.events):
+            self._evidence = {e.call_id: e for e in self.events if type(e) is RecoveryEvidence}  # type: ignore[misc]
+            self._evidence_seen = len(self.events)
+        return self._evidence.get(call_id)
 
     def detail(self, i: int) -> str:
         return detail_json(self.events[i])

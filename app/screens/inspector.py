@@ -369,6 +369,9 @@ class InspectorScreen(Screen[None]):
             facts.append("repair would append this (not written)" if m.is_pending(i) else "appended by repair")
         if i in m.crash_ends():
             facts.append("the log ended here (crash or kill)")
+        found = m.evidence_for(m.call_id(i)) if m.is_recovered_call(i) else None
+        if found is not None:  # what Cairn checked about this call after the crash (SPEC §9)
+            facts.append(f"evidence: {found.finding} — {found.detail}")
         head = Text(safe_text(" · ".join(facts)), style=KIND_STYLES[m.kind(i)])
         json_text = safe_text(m.detail(i))
         self.detail_text = f"{head.plain}\n{json_text}"  # what the pane says, as plain text
