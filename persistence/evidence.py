@@ -105,6 +105,8 @@ def process_running(pid: int, started_ms: int) -> bool | None:
         return None
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            return False  # it has exited (a zombie not yet reaped): it runs no more
         ticks = os.sysconf("SC_CLK_TCK")
         boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                     if line.startswith("btime "))

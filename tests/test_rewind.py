@@ -321,3 +321,20 @@ def test_rm_collects_before_images_no_remaining_session_needs(tmp_path):
     assert names() == {sha("only one\n")}  # what session two still needs
     assert world.cairn("rm", "two").returncode == 0
     assert names() == set()
+
+
+def test_a_commands_process_is_running_only_while_it_lives_and_is_the_one_recorded():
+    from cairn.persistence.evidence import process_running
+
+    now_ms = lambda: time.time_ns() // 1_000_000  # noqa: E731
+    started = now_ms()
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process_running(live.pid, started) is True
+        assert process_running(live.pid, started - 3_600_000) is False  # a pid reused by a later process is not ours
+    finally:
+        live.kill()
+    time.sleep(0.2)  # exited but not reaped yet: a zombie runs no more
+    assert process_running(live.pid, started) is False
+    live.wait()
+    assert process_running(live.pid, started) is False
