@@ -24,6 +24,7 @@ COMMANDS = (
     SlashCommand("permissions", "/permissions [revoke N | clear]", "what you allowed for this session; revoke it"),
     SlashCommand("usage", "/usage", "tokens used by the last turn and the session"),
     SlashCommand("verdict", "/verdict", "record what happened to an OUTCOME_UNKNOWN call"),
+    SlashCommand("rewind", "/rewind", "undo turns: restore files Cairn's tools changed, the conversation, or both (Esc Esc)"),
     SlashCommand("mcp", "/mcp", "MCP servers of this session: state, tools, why one failed"),
     SlashCommand("compact", "/compact", "summarise the conversation before the next request (recovery facts kept)"),
     SlashCommand("quit", "/quit", "quit in order (the running turn is cancelled and closed)"),

@@ -34,6 +34,7 @@ from cairn.persistence.events import (
     AssistantChunk,
     AssistantMessage,
     ContextCompaction,
+    ConversationRewind,
     ReasoningChunk,
     RecoveryVerdict,
     ToolCall,
@@ -100,7 +101,7 @@ def estimated_event_lines(event: AnyEvent) -> int:
         return 2 + event.text.count("\n")
     if isinstance(event, AssistantMessage):
         return 2 + event.text.count("\n") + 4 * len(event.tool_calls)
-    if isinstance(event, (RecoveryVerdict, ContextCompaction)):
+    if isinstance(event, (RecoveryVerdict, ContextCompaction, ConversationRewind)):
         return 2
     if isinstance(event, ToolCall) and event.parent_call_id is not None:
         return 4  # a nested call's card (top-level calls are counted with their assistant message)
@@ -370,6 +371,10 @@ class Transcript(VerticalScroll):
                 await self._put(turn_notice(event))
         elif isinstance(event, ContextCompaction):
             await self._put(compaction_block(event))
+        elif isinstance(event, ConversationRewind):  # the log keeps the turns above; the model no longer sees them
+            await self._put(Notice(f"⟲ rewound: the conversation continues from before turn {event.to_turn} — the "
+                                   f"model no longer sees turn {event.to_turn} or later (they stay in the log above)",
+                                   markup=False, classes="-warning"))
         if live and scroll:
             self._content_arrived()
 

@@ -62,6 +62,7 @@ DEMO_HINT = " The offline demo model understands: list files · read README.md �
 # so drawing never slows the model's stream down (P6 in docs/benchmarks.md).
 UI_FRAME = 1 / 25
 MAX_FRAME = 0.5
+ESC_ESC = 0.6  # seconds: two Esc presses on an empty prompt this close together open the rewind dialog
 UI_SHARE = 4  # frames are spaced at least this many times their cost: drawing takes at most ~1/4 of the event loop
 
 
@@ -75,6 +76,7 @@ class ChatScreen(Screen[None]):
 
     BINDINGS = [
         Binding("escape", "cancel_turn", "Cancel turn"),
+        Binding("escape", "escape_idle", "Rewind (Esc Esc)", show=False),  # when no turn runs: Esc Esc opens /rewind
         Binding("f1", "help", "Help"),
         Binding("ctrl+t", "toggle_thinking", "Thinking"),
         Binding("ctrl+o", "sessions", "Sessions"),
@@ -111,6 +113,9 @@ class ChatScreen(Screen[None]):
         self._in_loop = 0  # prompts handed to the loop whose turn has not reported its result yet
         self._paused = False  # Esc cancelled a turn: the queue waits for the operator (send, edit or drop)
         self._waited: float | None = None
+        self._escaped = 0.0  # when Esc was last pressed on an empty prompt with no turn running (Esc Esc: /rewind)
+        self.rewinding = False  # the rewind dialog is open or a rewind runs: no prompt is sent meanwhile
+        self._blobs: Any = None
         secrets = tuple(x for x in (config.api_key,) if x)
         self.history = PromptHistory(history_path(config.home, config.workspace), secrets)
 
@@ -156,6 +161,7 @@ class ChatScreen(Screen[None]):
                                               "needs checking.", markup=False, classes="-warning"))
                 transcript.scroll_end(animate=False)
             prompt.focus()
+            self._settle_interrupted_rewind()
 
     def _provider_label(self) -> str:
         """`provider/model`, the other host if any, and the context window when the server said it (`ctx 8.2k
@@ -211,6 +217,125 @@ class ChatScreen(Screen[None]):
         # each verdict was appended and made durable when its dialog closed (_save_verdict)
         self.resume_pending = False
         self.query_one(PromptInput).focus()
+        self._settle_interrupted_rewind()
+
+    # -- rewind (SPEC §9 rev 3) ---------------------------------------------------------------------------------------
+
+    def _blob_store(self) -> Any:
+        if self._blobs is None:
+            from cairn.persistence.blobs import blob_store_for
+
+            self._blobs = blob_store_for(self.app.store.backend)  # type: ignore[attr-defined]
+        return self._blobs
+
+    async def _say(self, text: str, kind: str = "") -> None:
+        transcript = self.query_one(Transcript)
+        await transcript.mount(Notice(safe_text(text), markup=False, classes=kind))
+        transcript.scroll_end(animate=False)
+
+    def _idle(self) -> bool:
+        return not self.turn_running and not self._in_loop and not (self.agent is not None and self.agent.loop.busy)
+
+    def _settle_interrupted_rewind(self) -> None:
+        """A rewind a crash interrupted: say what was and was not restored, and finish or abandon it before the next
+        turn (the prompt sends nothing meanwhile)."""
+        from ..agent.rewind import pending_rewind
+        from .rewind import PendingRewindScreen
+
+        pending = pending_rewind(self.session.events)
+        if pending is None:
+            return
+        self.rewinding = True
+
+        def settled(how: str | None) -> None:
+            self.run_worker(self._settle(how or "abandon"), name="rewind", exclusive=True, group="rewind")
+
+        self.app.push_screen(PendingRewindScreen(*pending), settled)
+
+    async def _settle(self, how: str) -> None:
+        from ..agent.rewind import RewindRefused, abandon_rewind, describe, finish_rewind
+
+        try:
+            if how == "finish":
+                outcome = await finish_rewind(self.session, self.config.workspace, self._blob_store())
+                lines = describe(outcome)
+            else:
+                plan = await abandon_rewind(self.session)
+                lines = [f"abandoned the interrupted rewind to before turn {plan.to_turn}: files and conversation "
+                         "stay as they are now"]
+            await self._say("\n".join(lines))
+        except RewindRefused as e:
+            await self._say(str(e), "-warning")
+        finally:
+            self.rewinding = False
+            self.query_one(PromptInput).focus()
+
+    async def open_rewind(self) -> None:
+        """`/rewind` (and Esc Esc): the dialog, then the engine — only while no turn runs."""
+        from ..agent.rewind import pending_rewind
+        from .rewind import RewindScreen
+
+        if not self._idle():
+            await self._say("Rewind works between turns: wait for this one to end (or Esc to cancel it).", "-warning")
+            return
+        if self.resume_pending or self.rewinding:
+            return
+        if pending_rewind(self.session.events) is not None:
+            self._settle_interrupted_rewind()
+            return
+        self.rewinding = True
+
+        def chosen(choice: Any) -> None:
+            if choice is None:
+                self.rewinding = False
+                self.query_one(PromptInput).focus()
+                return
+            self.run_worker(self._rewind(choice), name="rewind", exclusive=True, group="rewind")
+
+        self.app.push_screen(RewindScreen(self.session.events, self.config.workspace, self._blob_store()), chosen)
+
+    async def _rewind(self, choice: Any) -> None:
+        from ..agent.rewind import RewindRefused, describe, rewind
+
+        try:
+            if not self._idle():
+                await self._say("A turn started meanwhile: nothing was rewound.", "-warning")
+                return
+            try:
+                outcome = await rewind(self.session, self.config.workspace, self._blob_store(), choice.to_turn,
+                                       choice.scope, force=choice.force)
+            except RewindRefused as e:
+                if not e.changed or choice.force:
+                    await self._say(f"Nothing was rewound: {e}", "-warning")
+                    return
+                # changed outside Cairn after the dialog looked: ask again (never overwrite without a yes)
+                from dataclasses import replace
+
+                from .confirm import ConfirmDialog
+
+                question = ("Changed outside Cairn since Cairn last wrote it: " + ", ".join(e.changed)
+                            + f". Restoring to before turn {choice.to_turn} overwrites what is there now. Overwrite?")
+                if await self.app.push_screen_wait(ConfirmDialog(safe_text(question), yes="Overwrite",
+                                                                 no="Leave it (rewind nothing)")):
+                    await self._rewind(replace(choice, force=True))
+                else:
+                    await self._say("Nothing was rewound: " + ", ".join(e.changed) + " changed outside Cairn.",
+                                    "-warning")
+                return
+            await self._say("\n".join(describe(outcome)), "-warning" if outcome.skipped else "")
+        finally:
+            self.rewinding = False
+            if self.is_attached:
+                self.query_one(PromptInput).focus()
+
+    def action_escape_idle(self) -> None:
+        """Esc on an empty prompt with no turn running: a second Esc within ESC_ESC seconds opens the rewind dialog."""
+        now = time.monotonic()
+        if now - self._escaped <= ESC_ESC:
+            self._escaped = 0.0
+            self.run_worker(self.open_rewind(), name="open-rewind", exclusive=True, group="open-rewind")
+        else:
+            self._escaped = now
 
     # -- events -----------------------------------------------------------------------------------------------------
 
@@ -369,6 +494,10 @@ class ChatScreen(Screen[None]):
         """Footer hints that are true: "Cancel turn" only while there is a turn to cancel."""
         if action == "cancel_turn":  # (Esc leaves a queued prompt open for editing first)
             return self._editing_queued() is None and (self.turn_running or bool(self.agent and self.agent.loop.busy))
+        if action == "escape_idle":  # Esc Esc opens the rewind dialog: only on an empty prompt between turns
+            prompt = next(iter(self.query(PromptInput)), None)
+            return (prompt is not None and not prompt.text and self._editing_queued() is None and self._idle()
+                    and not self.resume_pending and not self.rewinding)
         return True
 
     # -- input ------------------------------------------------------------------------------------------------------
@@ -383,6 +512,11 @@ class ChatScreen(Screen[None]):
             return
         if self.resume_pending:
             self.notify("Review the recovered calls first.", severity="warning")
+            return
+        if self.rewinding:
+            self.notify("A rewind is being settled: the prompt is sent after it (↑ brings it back).",
+                        severity="warning", markup=False)
+            self.history.add(message.text)
             return
         unavailable = getattr(self.provider, "unavailable", None)
         if unavailable:  # the session opened without a usable provider: say what continuing needs, send nothing
@@ -509,6 +643,8 @@ class ChatScreen(Screen[None]):
             from cairn.widgets.status_bar import usage_text
 
             await say(usage_text(self._turn_tokens, self._session_tokens) or "The provider has reported no usage yet.")
+        elif name == "rewind":
+            await self.open_rewind()
         elif name == "verdict":
             from .resume import recovered_from
 
@@ -605,3 +741,6 @@ class ChatScreen(Screen[None]):
         if self._worker is not None:
             await self._worker.wait()
         await self.service.close()
+        if self._blobs is not None:
+            blobs, self._blobs = self._blobs, None
+            blobs.close()

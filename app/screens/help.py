@@ -21,6 +21,7 @@ KEYS = (
                                        "leave it as it was (the queue waits meanwhile)"),
     ("chat", "/", "slash commands, with completion (Tab completes)"),
     ("chat", "Esc", "cancel the running turn (it still ends with real step/end + turn/end)"),
+    ("chat", "Esc Esc", "on an empty prompt between turns: rewind (the same as /rewind)"),
     ("chat", "PageUp / PageDown", "scroll the transcript (Home / End from an empty prompt: top / bottom)"),
     ("chat", "Ctrl+T", "open or fold the latest reasoning block"),
     ("chat", "Ctrl+O", "sessions (asks first if a turn is running)"),
@@ -35,7 +36,11 @@ KEYS = (
                                        "the prompt, never to the approval; a click counts only once you stopped "
                                        "typing and the dialog has been open 0.4 s"),
     ("resume", "↑ / ↓", "choose a recovered call: its detail pane shows everything about it"),
-    ("resume", "v / c", "record a verdict on an OUTCOME_UNKNOWN call / continue to the chat"),
+    ("resume", "v / e / c", "record a verdict on an OUTCOME_UNKNOWN call / take Cairn's evidence as the verdict / "
+                         "continue to the chat"),
+    ("rewind", "↑↓ / f / c / b / Esc", "choose the first turn to undo / restore its files / the conversation / both / "
+                                       "cancel (a file changed outside Cairn asks again)"),
+    ("rewind", "f / a", "an interrupted rewind: finish it / abandon it"),
     ("verdict", "↑↓ Enter / Esc", "record the highlighted answer (nothing is preselected) / cancel"),
     ("sessions", "Enter / n / i / x / Esc", "open or resume / new session / inspect read-only / delete (asks first) / back"),
     ("anywhere", "Ctrl+Q", "quit in order: cancel the turn, write its closing events, flush, unlock"),

@@ -4,7 +4,9 @@ repaired turn with no call in flight is one notice in the chat).
 It lists every recovered call (tool, arguments as wide as the screen allows, safety, NOT_STARTED / OUTCOME_UNKNOWN),
 and a detail pane for the highlighted one: its full arguments as the approval showed them (a command verbatim, a file
 highlighted, an edit as a diff), what the model will be told, and for `run_command` whether its process is still
-running. It lets the operator record a verdict on OUTCOME_UNKNOWN calls, and shows the interrupted prompt and the last
+running. It shows the evidence Cairn gathered when it repaired the log (`recovery/evidence`: the finding in a column,
+its detail in the pane), lets the operator take that evidence as the verdict with one key (`e`) or record a verdict on
+OUTCOME_UNKNOWN calls, and shows the interrupted prompt and the last
 text (as Markdown). A turn the operator cancelled is worded as such, not as a crash. Each verdict is appended as
 `recovery/verdict` and made durable (`save_verdict`) before its dialog closes: a `kill -9` a moment later keeps it.
 
@@ -16,9 +18,10 @@ mistaken for the command. Without /proc, only `os.kill(pid, 0)` is asked, and th
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from rich.text import Text
 from textual import on
@@ -41,6 +44,7 @@ from cairn.persistence.events import (
     TurnStart,
     UserMessage,
 )
+from cairn.persistence.evidence import evidence_by_call
 from cairn.persistence.repair import recovered_calls
 from cairn.widgets.terminal_text import safe_text
 
@@ -62,8 +66,11 @@ class RecoveredCall:
     note: str = ""
     pid: int | None = None  # run_command: the process its tool/progress recorded
     started: int | None = None  # ms
+    evidence: str = ""  # what Cairn found when it repaired the log: happened | did_not_happen | unknown ("" none)
+    evidence_detail: str = ""
 
 
+TYPING_GAP = 0.5  # seconds: an `e` this close to another key is typing (meant for the prompt), not a decision
 PID_START_SLACK = 2.0  # seconds between the recorded start and the process's own start time
 
 
@@ -120,8 +127,10 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
         elif isinstance(e, ToolProgress):
             progress[e.call_id] = e
     rows = []
+    evidence = evidence_by_call(events)
     for r in results:
         request, call = requests.get(r.call_id), calls.get(r.call_id)
+        found = evidence.get(r.call_id)
         rows.append(RecoveredCall(
             call_id=r.call_id,
             tool=call.name if call else (request.name if request else "?"),
@@ -131,6 +140,8 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
             told=r.content.split(": ", 1)[-1],
             pid=progress[r.call_id].pid if r.call_id in progress else None,
             started=progress[r.call_id].started if r.call_id in progress else None,
+            evidence=found.finding if found else "",
+            evidence_detail=found.detail if found else "",
         ))
     return rows, prompt, chunks or text
 
@@ -153,6 +164,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
 
     BINDINGS = [
         Binding("v", "verdict", "Record verdict"),
+        Binding("e", "accept_evidence", "Accept evidence"),
         Binding("c", "continue", "Continue"),
         Binding("i", "inspect", "Inspect log", show=False),
         Binding("pageup", "scroll_detail(-1)", "Scroll detail", show=False, priority=True),
@@ -170,6 +182,13 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         self.last_text = last_text
         self.workspace = Path(workspace)
         self.cancelled = cancelled
+        self._saving = False
+        self._key_times: list[float] = []  # recent printable keys: `e` in a burst of typing decides nothing
+
+    def on_key(self, event: Any) -> None:
+        if event.character and event.character.isprintable():
+            now = time.monotonic()
+            self._key_times = [t for t in self._key_times if now - t < TYPING_GAP] + [now]
 
     def compose(self) -> ComposeResult:
         n, sid = len(self.calls), escape(safe_text(self.session_id))
@@ -191,38 +210,56 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        width = self._arguments_width()
-        keys = table.add_columns("tool", "arguments" if width >= 9 else "args", "safety", "status", "verdict", "call id")
-        self._verdict_column = keys[4]
+        width, self._narrow = self._arguments_width()
+        names = list(self.COLUMNS if not self._narrow else self.NARROW_COLUMNS)
+        if width < 9:
+            names[names.index("arguments")] = "args"
+        keys = dict(zip(self.COLUMNS if not self._narrow else self.NARROW_COLUMNS, table.add_columns(*names)))
+        self._verdict_column = keys["verdict"]
         for call in self.calls:
-            table.add_row(*self._cells(call, width), key=call.call_id)
+            table.add_row(*self._cells(call, width, self._narrow), key=call.call_id)
         table.focus()
         self._show_told(0)
 
-    def _arguments_width(self) -> int:
-        """The arguments column gets what the others leave: all of them when that leaves it 24 characters, else only
-        tool, safety and status (verdict and call id scroll into view), so the status column stays on screen at 80."""
+    # The full order, when every column fits beside arguments 24 wide; else safety goes last (it scrolls off, and the
+    # detail pane says it) so that at 80 columns tool, status, evidence, verdict and call id stay on screen.
+    COLUMNS = ("tool", "arguments", "safety", "status", "evidence", "verdict", "call id")
+    NARROW_COLUMNS = ("tool", "arguments", "status", "evidence", "verdict", "call id", "safety")
+
+    def _arguments_width(self) -> tuple[int, bool]:
+        """The arguments column gets what the others leave, and whether the narrow order (safety last) is used: the
+        full order when it leaves arguments 24 characters, else arguments shrink first (to 4)."""
         inner = int(self.app.size.width * 0.98) - 5  # the frame's border and padding, and a column of slack
-        widest = [max([len(h), *(len(c) for c in cells)]) + 2 for h, cells in (
+        widest = {h: max([len(h), *(len(c) for c in cells)]) + 2 for h, cells in (
             ("tool", [c.tool for c in self.calls]), ("safety", [c.safety for c in self.calls]),
-            ("status", [c.status for c in self.calls]), ("verdict", ["— (press v)"]),
-            ("call id", [c.call_id for c in self.calls]))]
-        for reserved in (sum(widest), sum(widest[:3])):
-            if inner - reserved - 2 >= 24:
-                return inner - reserved - 2
-        return max(4, inner - sum(widest[:3]) - 2)
+            ("status", [c.status for c in self.calls]), ("evidence", [c.evidence or "—" for c in self.calls]),
+            ("verdict", ["— (press v)"]), ("call id", [c.call_id for c in self.calls]))}
+        full = sum(widest.values())
+        if inner - full - 2 >= 24:
+            return inner - full - 2, False
+        widest["verdict"] = len("— (v)") + 2
+        visible = sum(widest[h] for h in self.NARROW_COLUMNS if h not in ("arguments", "safety"))
+        return max(4, inner - visible - 2), True
 
     @staticmethod
-    def _cells(call: RecoveredCall, width: int = 28) -> tuple[Text, ...]:
+    def _cells(call: RecoveredCall, width: int = 28, narrow: bool = False) -> tuple[Text, ...]:
         """As terminal-safe `Text`, never markup: a plain string cell would be parsed as markup, and arguments from the
         model (`ls [/tmp]`) would be mangled or crash the screen; an ESC in them would reach the terminal."""
-        verdict = call.verdict or ("— (press v)" if call.status == "OUTCOME_UNKNOWN" else "")
-        cells = (call.tool, summarize_arguments(call.arguments, width), call.safety, call.status, verdict, call.call_id)
-        return tuple(Text(safe_text(cell)) for cell in cells)
+        hint = "— (v)" if narrow else "— (press v)"
+        verdict = call.verdict or (hint if call.status == "OUTCOME_UNKNOWN" else "")
+        evidence = call.evidence or ("—" if call.status == "OUTCOME_UNKNOWN" else "")
+        cells = {"tool": call.tool, "arguments": summarize_arguments(call.arguments, width), "safety": call.safety,
+                 "status": call.status, "evidence": evidence, "verdict": verdict, "call id": call.call_id}
+        order = ResumeScreen.NARROW_COLUMNS if narrow else ResumeScreen.COLUMNS
+        return tuple(Text(safe_text(cells[name])) for name in order)
 
     def detail(self, call: RecoveredCall) -> Text:
         """The detail pane's words (besides the preview): what the model will be told and the process's state."""
-        lines = [f"The model will be told: {call.told}"]
+        lines = []
+        if call.evidence:  # first: it is what the operator decides on
+            lines.append(f"Cairn checked: {call.evidence} — {call.evidence_detail}"
+                         + (" (press e to take this as your verdict)" if not call.verdict else ""))
+        lines.append(f"The model will be told: {call.told}")
         if call.tool == "run_command":
             if call.pid is None:
                 lines.append("Process: none recorded (the command had not started a process).")
@@ -266,6 +303,41 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             self._show_told(table.cursor_row)
 
         self.app.push_screen(VerdictDialog(call.call_id, call.tool, self.save_verdict), record)
+
+    def action_accept_evidence(self) -> None:
+        """Take Cairn's evidence as the verdict on the highlighted call, durable (`save_verdict`) before it shows."""
+        table = self.query_one(DataTable)
+        if not self.calls or self._saving:
+            return
+        now = time.monotonic()
+        if sum(1 for t in self._key_times if now - t < TYPING_GAP) > 1:  # `e` amid other keys: typing, not a choice
+            self.notify("That looked like typing: press e on its own to take Cairn's evidence as the verdict.")
+            return
+        call = self.calls[table.cursor_row]
+        if call.status != "OUTCOME_UNKNOWN":
+            self.notify("Only OUTCOME_UNKNOWN calls take a verdict: a NOT_STARTED call never ran.")
+            return
+        if not call.evidence:
+            self.notify("Cairn found no evidence about this call: record a verdict with v.")
+            return
+        self._saving = True
+        self.run_worker(self._accept(call, table.cursor_row), exclusive=True, group="evidence")
+
+    async def _accept(self, call: RecoveredCall, row: int) -> None:
+        from cairn.persistence.errors import CheckpointFailed
+
+        verdict, note = call.evidence, f"accepted Cairn's evidence: {call.evidence_detail}"
+        try:
+            if self.save_verdict is not None:
+                await self.save_verdict(call.call_id, verdict, note)
+        except CheckpointFailed as e:
+            self.app.notify(f"Verdict recorded but not durable yet ({e.cause}); it is written at the next checkpoint.",
+                            severity="warning")
+        finally:
+            self._saving = False
+        call.verdict, call.note = verdict, note
+        self.query_one(DataTable).update_cell(call.call_id, self._verdict_column, Text(safe_text(verdict)))
+        self._show_told(row)
 
     def action_inspect(self) -> None:
         from .inspector import open_inspector
