@@ -98,6 +98,10 @@ class Coordinator:
         self._secret_json: tuple[bytes, ...] = ()  # the same, as they appear inside encoded JSON strings
         self._carry: dict[tuple[type, int, int], str] = {}  # per chunk stream: text held back (a secret may start there)
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return self._secrets
+
     def add_secrets(self, values: "Iterable[str | None]") -> None:
         """Values replaced by `***` in every event appended from now on (SPEC §5: nothing secret is written)."""
         found = {v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET_CHARS} | set(self._secrets)

@@ -49,6 +49,10 @@ class LiveSession:
         """Secret values (an API key, credentials in a base URL) replaced by `***` in every event appended from now."""
         self.coordinator.add_secrets(values)
 
+    def holds_secret(self, data: bytes) -> bool:
+        """Whether `data` contains a configured secret value (such content is never stored, SPEC §5)."""
+        return any(secret.encode("utf-8", "replace") in data for secret in self.coordinator.secrets)
+
     async def flush(self) -> None:
         """A barrier: everything appended so far is durable when this returns (raises CheckpointFailed otherwise)."""
         await self._barrier()

@@ -338,3 +338,22 @@ def test_a_commands_process_is_running_only_while_it_lives_and_is_the_one_record
     assert process_running(live.pid, started) is False
     live.wait()
     assert process_running(live.pid, started) is False
+
+
+def test_a_file_holding_a_configured_secret_gets_no_before_image(tmp_path):
+    """SPEC §5: nothing secret is stored — not even as a before-image; the rewind says the file is not restorable."""
+    from openai_server import OpenAIServer, text, tool_calls
+
+    world = World(tmp_path, "jsonl")
+    key = "sk-live-0123456789abcdef"
+    (world.ws / ".env").write_text(f"API_KEY={key}\nMODE=dev\n")
+    calls = [{"id": "c1", "name": "edit_file", "arguments": {"path": ".env", "old": "dev", "new": "prod"}}]
+    with OpenAIServer([tool_calls(calls), text("done")]) as server:
+        proc = world.cairn("run", "--session-id", "s", "--yes", "set prod", CAIRN_PROVIDER="openai",
+                           CAIRN_BASE_URL=server.base_url, CAIRN_MODEL="m", CAIRN_API_KEY=key)
+    assert proc.returncode == 0, proc.stderr
+    assert (world.ws / ".env").read_text().endswith("MODE=prod\n")
+    stored = [p.read_bytes() for p in (world.home / "blobs").glob("??/*")]
+    assert not any(key.encode() in data for data in stored)
+    rewound = world.cairn("rewind", "s", "--turn", "1", "--files")
+    assert rewound.returncode == 0 and "not restored: .env" in rewound.stdout and "secret" in rewound.stdout

@@ -24,6 +24,7 @@ from cairn.persistence.events import (
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
     ContextCompaction,
+    RecoveryEvidence,
     RecoveryVerdict,
     ToolCall,
     ToolResult,
@@ -154,6 +155,8 @@ def carried_facts(events: list[AnyEvent], through_seq: int) -> list[dict[str, An
             fact = carried.setdefault(e.call_id, {"call_id": e.call_id, "name": "", "arguments": None,
                                                   "status": "OUTCOME_UNKNOWN", "told": "", "verdict": None, "note": ""})
             fact["verdict"], fact["note"] = e.verdict, e.note
+        elif isinstance(e, RecoveryEvidence) and e.call_id in carried:
+            carried[e.call_id]["evidence"] = f"{e.finding}: {e.detail}"
     return list(carried.values())
 
 
@@ -167,6 +170,8 @@ def summary_text(event: ContextCompaction) -> str:
             line = f"- call {fact.get('call_id')} `{fact.get('name') or 'a tool'}` {arguments}: {fact.get('status')}."
             if fact.get("told"):
                 line += f" You were told: {fact['told']}"
+            if fact.get("evidence"):
+                line += f" Cairn checked: {fact['evidence']}."
             if fact.get("verdict"):
                 line += f" Operator's verdict: {fact['verdict']}."
                 if fact.get("note"):

@@ -12,6 +12,7 @@ TOOL_OUTCOME_UNKNOWN if it was running), then `step/end` and `turn/end` with rea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -701,6 +702,9 @@ class AgentLoop:
         if tool is None or tool.body not in (write_file, edit_file):  # Cairn's own file tools only
             return None
         found = await anyio.to_thread.run_sync(fingerprint, name, arguments, self.workspace, MAX_BEFORE_IMAGE)
+        if found is not None and found.before is not None and self.session.holds_secret(found.before):
+            log.info("%s holds a configured secret: its before-image is not kept (not restorable)", name)
+            found = dataclasses.replace(found, before=None)
         if found is not None and found.before is not None and self.blobs is not None:
             await anyio.to_thread.run_sync(self.blobs().put, found.before)
         elif found is not None and found.before is None and found.before_sha256 is not None:

@@ -224,7 +224,8 @@ async def rewind(session: LiveSession, workspace: Path, blobs: BlobStore | None,
     await session.flush()  # the plan is durable before the first file is touched
     outcome = await _carry_out(session, workspace, blobs, record, set(), force)
     if files:
-        outcome.skipped += [(p, "its earlier content was not kept (over the size limit)") for p in plan.not_restorable]
+        why = "its earlier content was not kept (over 10 MB, or it held a configured secret)"
+        outcome.skipped += [(path, why) for path in plan.not_restorable]
     return outcome
 
 
