@@ -15,6 +15,7 @@ Run only these: `.venv/bin/python -m pytest -q -m slow tests/test_crash_matrix.p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -57,6 +58,14 @@ def openai_env(server: OpenAIServer) -> dict[str, str]:
 
 def script_run(rig: Rig, sid: str, responses: list[dict[str, Any]], *extra: str) -> list[str]:
     return ["run", "--session-id", sid, "--provider", "script", "--script", rig.script(responses), *extra, PROMPT]
+
+
+def exited(pid: int) -> bool:
+    """Whether process `pid` has exited: gone, or a zombie its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 # --------------------------------------------------------------------------------------------------- the seven points
@@ -160,6 +169,7 @@ def check_mid_stream(stored: list[dict], repair: list[dict], rig: Rig) -> None:
 def check_tool_side_effect(stored: list[dict], repair: list[dict], rig: Rig) -> None:
     call = by_type(stored, "tool/call")[0]
     assert call["call_id"] == "call_side" and call["safety"] == "side_effecting" and call["parent_call_id"] is None
+    assert (call["before_sha256"], call["after_sha256"]) == (None, None)  # not a file tool: no fingerprints
     assert [e["decision"] for e in by_type(stored, "approval/decided")] == ["allowed_once"]
     unknown, not_started = repair[0], repair[1]
     assert unknown == {**unknown, "call_id": "call_side", "is_error": True, "error_code": "TOOL_OUTCOME_UNKNOWN",
@@ -169,6 +179,15 @@ def check_tool_side_effect(stored: list[dict], repair: list[dict], rig: Rig) -> 
                            "error_code": "TOOL_NOT_STARTED", "source_seq": None,
                            "content": not_started_text("write_file")}
     assert not (rig.ws / "later.txt").exists()  # NOT_STARTED is the truth: it never ran
+    # SPEC §9 rev 3: after the closing turn/end, the evidence about the OUTCOME_UNKNOWN command: its recorded process
+    # (the shell, pid in side.pid) was killed before `show`, so it is no longer running — still only `unknown`
+    [progress] = by_type(stored, "tool/progress")
+    pid = int((rig.ws / "side.pid").read_text())
+    assert (progress["call_id"], progress["pid"]) == ("call_side", pid)
+    evidence = repair[-1]
+    assert evidence == {**evidence, "type": "recovery/evidence", "call_id": "call_side", "finding": "unknown",
+                        "detail": f"its process (pid {pid}) is no longer running; what it did before it stopped is "
+                                  "not known"}
 
 
 def check_approval(stored: list[dict], repair: list[dict], rig: Rig) -> None:
@@ -211,7 +230,7 @@ CASES = {
         reach_tool_side_effect,
         [*REQUESTED, "assistant/chunk", "assistant/message", "approval/asked", "approval/decided", "tool/call",
          "tool/progress"],
-        ["tool/result", "tool/result", *CLOSE],
+        ["tool/result", "tool/result", *CLOSE, "recovery/evidence"],  # evidence: the command had a recorded process
         check_tool_side_effect,
     ),
     "waiting-for-approval": Case(
@@ -236,7 +255,11 @@ def crash_and_inspect(rig: Rig, sid: str, case: Case, server: OpenAIServer) -> t
     """Reach the point, SIGKILL, then read the session cold. Returns `cairn show`'s events and how many are stored."""
     child = case.reach(rig, sid, server)
     child.kill()
+    pid_files = list(rig.process_groups)
     rig.cleanup()  # a tool's own processes, which a SIGKILLed cairn cannot take down with it
+    for pid_file in pid_files:  # dead (a zombie counts), so `show` and resume see the same world
+        pid = int(pid_file.read_text().strip())
+        wait_until(lambda: exited(pid), f"the killed command (pid {pid}) to exit")
 
     raw = rig.raw_log(sid)
     inspection = rig.inspect(sid)
@@ -251,9 +274,13 @@ def crash_and_inspect(rig: Rig, sid: str, case: Case, server: OpenAIServer) -> t
     for event in before[n:]:
         assert event["time"] == before[n - 1]["time"], "repair reuses the last event's time"
     assert not any(e["type"] == "tool/result" and e["is_error"] and e["error_code"] is None for e in before)
-    end = before[-1]
     if case.repair:
+        # repair closes the turn; only recovery/evidence (SPEC §9 rev 3) may follow its turn/end
+        closing = max(i for i, e in enumerate(before) if e["type"] == "turn/end")
+        end = before[closing]
+        assert closing >= n, "the turn/end is repair's"
         assert end == {**end, "type": "turn/end", "turn": 1, "reason": "interrupted", "error": None}
+        assert all(e["type"] == "recovery/evidence" for e in before[closing + 1:]), types(before)
     case.check(before[:n], before[n:], rig)
     return before, n
 
@@ -284,7 +311,8 @@ def test_sigkill_at_each_point_repairs_exactly_and_resume_commits_the_same_repai
 def test_resume_after_a_side_effect_crash_tells_the_model_the_outcome_is_unknown(rig, server):
     sid = "side-effect"
     before, n = crash_and_inspect(rig, sid, CASES["tool-side-effect"], server)
-    unknown, not_started = before[n], before[n + 1]
+    unknown, not_started, evidence = before[n], before[n + 1], before[n + 4]
+    assert (evidence["type"], evidence["call_id"]) == ("recovery/evidence", "call_side")
     server.push(text("I will check side.marker before anything else.", chunks=2), text("Still checking."))
 
     first = rig.run("run", "--resume", sid, "--provider", "openai", "--model", "m", "what happened?",
@@ -298,14 +326,17 @@ def test_resume_after_a_side_effect_crash_tells_the_model_the_outcome_is_unknown
     assert messages[3] == {"role": "tool", "tool_call_id": "call_side", "content": unknown["content"]}
     assert messages[4] == {"role": "tool", "tool_call_id": "call_later", "content": not_started["content"]}
     assert "TOOL_OUTCOME_UNKNOWN" in messages[3]["content"] and "do NOT retry" in messages[3]["content"]
-    assert messages[5] == {"role": "user", "content": "what happened?"}
+    # SPEC §9 rev 3: what Cairn checked is told to the model in the recovery note, before the operator's prompt
+    note = f"[Cairn recovery] Cairn checked the interrupted call call_side (`run_command`): {evidence['detail']}."
+    assert "is no longer running" in note
+    assert messages[5] == {"role": "user", "content": f"{note}\n\nwhat happened?"}
 
     second = rig.run("run", "--resume", sid, "--json", "--provider", "openai", "--model", "m", "and now?",
                      env=openai_env(server))
 
     assert second.returncode == 0, second.stderr
     assert json_lines(second.stdout)[0]["type"] == "turn/start", "nothing left to repair"
-    assert server.wait_for_requests(2).body["messages"][3:5] == messages[3:5]
+    assert server.wait_for_requests(2).body["messages"][3:6] == messages[3:6]  # the results and the note stay
     after = rig.show(sid)
     assert after[: len(before)] == before
     assert_contiguous(after)

@@ -24,6 +24,7 @@ none past `CAIRN_FUZZ_BUDGET` (27) seconds per backend once 10 are done, so a lo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -35,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from cairn.persistence.events import ToolProgress, ToolResult
 from crash_harness import WAIT, Rig, assert_contiguous, json_lines, types, wait_until
 from openai_server import OpenAIServer, failing, text, tool_calls
 
@@ -86,6 +88,14 @@ def new_rig(tmp_path: Path, backend: str, home: Path, name: str) -> Rig:
 
 def run_args(sid: str) -> list[str]:
     return ["run", "--session-id", sid, "--yes", "--provider", "openai", "--model", "m-fuzz", "do the chores"]
+
+
+def exited(pid: int) -> bool:
+    """Whether process `pid` has exited: gone, or a zombie its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def announced_attempts(stored: list[dict[str, Any]]) -> list[int]:
@@ -142,7 +152,52 @@ def check_session(rig: Rig, sid: str, events: list[dict[str, Any]], stored_n: in
         assert results[call_id][0]["error_code"] != "TOOL_NOT_STARTED", (
             f"{name} exists, so {call_id}'s body ran, yet it is reported TOOL_NOT_STARTED")
     if events:
-        assert events[-1]["type"] == "turn/end", f"the session does not end with turn/end: {types(events)}"
+        # the last turn/end closes the session; only recovery/evidence (SPEC §9 rev 3) may follow it
+        closing = max((i for i, e in enumerate(events) if e["type"] == "turn/end"), default=None)
+        assert closing is not None, f"the session has no turn/end: {types(events)}"
+        after_end = events[closing + 1:]
+        assert all(e["type"] == "recovery/evidence" for e in after_end), (
+            f"the session does not end with turn/end (then evidence only): {types(events)}")
+        check_evidence(rig, events, stored_n, closing, calls)
+
+
+def check_evidence(rig: Rig, events: list[dict[str, Any]], stored_n: int, closing: int,
+                   calls: dict[str, dict[str, Any]]) -> None:
+    """Fingerprints on every tool/call, and exactly the evidence SPEC §9 rev 3 asks repair to append: one
+    `recovery/evidence` per OUTCOME_UNKNOWN call Cairn can check (a fingerprinted write_file, or a run_command with a
+    recorded process), right after repair's turn/end, telling what is on disk now."""
+    for call_id, call in calls.items():
+        if call["name"] == "write_file":  # every file here is new: nothing before, the call id after
+            assert (call["before_sha256"], call["after_sha256"]) == (
+                None, hashlib.sha256(call_id.encode()).hexdigest()), call
+        else:
+            assert (call["before_sha256"], call["after_sha256"]) == (None, None), call
+    progress = {e["call_id"]: e for e in events[:stored_n] if e["type"] == "tool/progress"}
+    expected = [e["call_id"] for e in events[stored_n:] if e["type"] == "tool/result"
+                and e["error_code"] == "TOOL_OUTCOME_UNKNOWN"
+                and (calls[e["call_id"]]["name"] == "write_file"
+                     or (calls[e["call_id"]]["name"] == "run_command" and e["call_id"] in progress))]
+    evidence = [e for e in events if e["type"] == "recovery/evidence"]
+    assert [e["call_id"] for e in evidence] == expected, f"evidence {evidence} for the unknown calls {expected}"
+    if evidence:
+        assert closing >= stored_n and events[closing + 1:] == evidence, "evidence follows repair's turn/end"
+    for e in evidence:
+        call_id = e["call_id"]
+        if calls[call_id]["name"] == "run_command":  # its process had exited before `show` (see kill_once)
+            pid = progress[call_id]["pid"]
+            assert (e["finding"], e["detail"]) == (
+                "unknown", f"its process (pid {pid}) is no longer running; what it did before it stopped is not "
+                           "known"), e
+            continue
+        path = EFFECTS[call_id]
+        effect = rig.ws / path
+        if not effect.exists():
+            assert (e["finding"], e["detail"]) == (
+                "did_not_happen", f"{path} still does not exist, so the write did not take effect"), e
+        elif effect.read_text() == call_id:
+            assert e["finding"] == "happened" and e["detail"].startswith(f"{path} holds the intended content"), e
+        else:
+            assert e["finding"] == "unknown" and e["detail"].startswith(f"{path} holds neither"), e
 
 
 def kill_once(tmp_path: Path, backend: str, home: Path, i: int, delay: float, tally: Counter, landed: Counter) -> None:
@@ -162,6 +217,14 @@ def kill_once(tmp_path: Path, backend: str, home: Path, i: int, delay: float, ta
                 assert rc == 0, f"the child ended with {rc} before the kill:\n{child.stderr()}"
             tally["killed" if rc == -signal.SIGKILL else "finished first"] += 1
             assert "Traceback" not in child.stderr(), child.stderr()
+            # a command cut off by the kill dies with cairn (parent-death); wait until it has exited (a zombie
+            # counts), so the evidence `show` predicts and the evidence resume commits look at the same world
+            stored = rig.inspect(sid).events
+            ended = {e.call_id for e in stored if isinstance(e, ToolResult)}
+            for e in stored:
+                if isinstance(e, ToolProgress) and e.call_id not in ended:
+                    pid = e.pid
+                    wait_until(lambda: exited(pid), f"{e.call_id}'s process to exit")
 
             shown = rig.run("show", sid, "--json")
             assert "Traceback" not in shown.stderr, shown.stderr
@@ -174,6 +237,7 @@ def kill_once(tmp_path: Path, backend: str, home: Path, i: int, delay: float, ta
             tally["repaired"] += bool(repaired)
             tally["OUTCOME_UNKNOWN"] += sum(e.get("error_code") == "TOOL_OUTCOME_UNKNOWN" for e in repaired)
             tally["NOT_STARTED"] += sum(e.get("error_code") == "TOOL_NOT_STARTED" for e in repaired)
+            tally["evidence"] += sum(e["type"] == "recovery/evidence" for e in repaired)
 
             with OpenAIServer([text("Picking up where we left off.")]) as again:
                 resumed = rig.run("run", "--resume", sid, "--json", "carry on", env=openai_env(again))

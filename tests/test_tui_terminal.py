@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from agent_helpers import write_script
-from cairn.persistence.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, ToolResult, TurnEnd
+from cairn.persistence.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, RecoveryEvidence, ToolResult, TurnEnd
 from cairn.persistence.store import SessionStore
 from tui_helpers import types_of, wait_sync
 
@@ -127,13 +127,18 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
                   "tool/progress to be written", WAIT)
         os.kill(pid, signal.SIGKILL)
         wait_sync(lambda: not alive(pid), "cairn to die", WAIT)
+        # the command dies with cairn (parent-death); wait for that too (a zombie counts as dead), so the evidence
+        # resume gathers about it is the same every run
+        wait_sync(lambda: not alive(command_pid), "the command to die with cairn", WAIT)
 
         listed = subprocess.run([CAIRN, "sessions", "--all", "--json"], env=env, capture_output=True, text=True, timeout=30)
         assert listed.returncode == 0, listed.stderr
         [summary] = [json.loads(line) for line in listed.stdout.splitlines()]
         session_id = summary["id"]
         assert summary["status"] == "interrupted"
-        assert types_of(store.backend.load(session_id).events)[-2:] == ["tool/call", "tool/progress"]  # no repair yet
+        stored = store.backend.load(session_id).events
+        assert types_of(stored)[-2:] == ["tool/call", "tool/progress"]  # no repair yet
+        assert (stored[-1].call_id, stored[-1].pid) == (stored[-2].call_id, command_pid)
 
         tmux.start("resume", ws, f"{CAIRN} resume {session_id} --provider script --script {script}")
         screen = tmux.wait_screen("resume", "OUTCOME_UNKNOWN", "NOT_STARTED")
@@ -144,7 +149,16 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
         time.sleep(0.5)
         events = store.backend.load(session_id).events
         assert types_of(events).count("turn/start") == 1
-        assert isinstance(events[-1], TurnEnd) and events[-1].reason == "interrupted"
+        # repair closed the turn; after its turn/end, the evidence (SPEC §9 rev 3) about the OUTCOME_UNKNOWN command
+        # and nothing else: the typed "hello" decided nothing (no recovery/verdict from a stray `e`)
+        assert types_of(events)[len(stored):] == ["tool/result", "tool/result", "step/end", "turn/end",
+                                                  "recovery/evidence"], "typing on the resume screen wrote an event"
+        end, evidence = events[-2:]
+        assert isinstance(end, TurnEnd) and end.reason == "interrupted"
+        assert isinstance(evidence, RecoveryEvidence) and (evidence.call_id, evidence.finding) == (
+            stored[-2].call_id, "unknown")
+        assert evidence.detail == (f"its process (pid {command_pid}) is no longer running; "
+                                   "what it did before it stopped is not known")
         codes = [e.error_code for e in events if isinstance(e, ToolResult)]
         assert codes == [TOOL_OUTCOME_UNKNOWN, TOOL_NOT_STARTED]
         assert not (ws / "second.txt").exists()
