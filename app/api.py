@@ -54,7 +54,8 @@ class Session(Agent):
         if self.loop.busy:
             raise RewindRefused("a turn is running: rewind between turns")
         blobs = self.loop.blobs() if self.loop.blobs is not None else None
-        outcome = await rewind(self.session, Path(self.session.header.cwd), blobs, turn, scope, force=force)
+        outcome = await rewind(self.session, Path(self.session.header.cwd), blobs, turn, scope, force=force,
+                               repo=self.loop.snapshots)
         return describe(outcome)
 
 

@@ -113,9 +113,26 @@ async def mount_agent(
         profile=getattr(config, "profile", None),
         text_form=getattr(config, "transcript", "messages") == "text",
         blobs=before_images(stack, config),
+        snapshots=workspace_snapshots(config, report, session_id=session.id),
+        report=report,
     )
     await stack.enter_async_context(loop)
     return Agent(session, loop, policy, provider, config, mcp)
+
+
+def workspace_snapshots(config: Config, report: Callable[[str], None] | None, workspace: Path | None = None,
+                        session_id: str = "shared") -> Any:
+    """The shadow git repository of `workspace` (default: the config's; SPEC §9 rev 3), or None when snapshots are off
+    or git is missing (one line says so: rewind then restores only what the file tools changed)."""
+    if getattr(config, "snapshots", "auto") == "off":
+        return None
+    from .agent.snapshots import ShadowRepo, git_path
+
+    if git_path() is None:
+        if report is not None:
+            report("git is not installed: no workspace snapshots, so rewind restores only what Cairn's file tools changed")
+        return None
+    return ShadowRepo(Path(config.home), Path(workspace or config.workspace), session_id)
 
 
 def before_images(stack: AsyncExitStack, config: Config) -> Callable[[], Any]:

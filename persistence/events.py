@@ -191,6 +191,19 @@ class ConversationRewind(Event, tag="conversation/rewind", kw_only=True):
     ignorable: bool = True
 
 
+class WorkspaceSnapshot(Event, tag="workspace/snapshot", kw_only=True):
+    """(rev 3 §9, ignorable) The whole workspace as a tree in Cairn's shadow git repository: at a turn's start
+    (`at: "turn-start"`), before a side-effecting command (`"command"`, with its `call_id`; durable before that call's
+    pre-tool barrier) and at a turn's end (`"turn-end"`). `left_out`: files over the size limit, not in the tree."""
+
+    turn: int
+    at: str
+    tree: str
+    call_id: str | None = None
+    left_out: list[str] = []
+    ignorable: bool = True
+
+
 class RewindFile(msgspec.Struct, gc=False, kw_only=True):
     """One file of a rewind plan: what it goes back to (a before-image's sha256, or None: delete it), and what Cairn
     last wrote there (None: it did not exist), so a change made outside Cairn is seen before anything is overwritten."""
@@ -208,6 +221,8 @@ class RewindPlan(Event, tag="rewind/plan", kw_only=True):
     files: list[RewindFile] = []
     conversation: bool = False
     commands_in: list[int] = []  # turns that ran commands: their changes are not restored
+    # a workspace snapshot rewind: the shadow repository's tree the workspace goes back to (None: file tools' images)
+    tree: str | None = None
     ignorable: bool = True
 
 
@@ -305,7 +320,7 @@ KnownEvent = (
     TurnStart | StepStart | UserMessage | RequestHeader | AssistantChunk | AssistantMessage | ApprovalAsked
     | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd | ReasoningChunk | RequestRetry
     | ToolProgress | ContextCompaction | SessionMode | RecoveryEvidence | ConversationRewind | RewindPlan | RewindStep
-    | RewindEnd
+    | RewindEnd | WorkspaceSnapshot
 )
 AnyEvent = KnownEvent | IgnorableEvent
 

@@ -28,8 +28,10 @@ def backend(request):
 class World:
     """A workspace, a home and a backend; each turn runs `cairn run` with its own one-turn script."""
 
-    def __init__(self, tmp_path: Path, backend: str) -> None:
-        self.root, self.backend = tmp_path, backend
+    def __init__(self, tmp_path: Path, backend: str, snapshots: str = "off") -> None:
+        """`snapshots`: off by default here, so a rewind restores from the file tools' before-images alone (the
+        workspace-snapshot rewind has its own tests in test_snapshots.py)."""
+        self.root, self.backend, self.snapshots = tmp_path, backend, snapshots
         self.ws = tmp_path / "ws"
         self.ws.mkdir()
         self.home = tmp_path / "home"
@@ -37,7 +39,7 @@ class World:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "CAIRN_HOME": str(self.home), "LANG": "C.UTF-8",
-               "CAIRN_BACKEND": self.backend, "CAIRN_PROVIDER": "script", **extra}
+               "CAIRN_BACKEND": self.backend, "CAIRN_PROVIDER": "script", "CAIRN_SNAPSHOTS": self.snapshots, **extra}
         if "CAIRN_DATABASE_URL" in os.environ:
             env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
         return env

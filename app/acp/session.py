@@ -324,13 +324,15 @@ class SessionHost:
                 plan = await abandon_rewind(session)
                 return f"Abandoned the interrupted rewind to before turn {plan.to_turn}; files stay as they are."
             if "--finish" in flags:
-                outcome = await finish_rewind(session, self.config.workspace, blobs, force=force)
+                outcome = await finish_rewind(session, self.config.workspace, blobs, force=force,
+                                              repo=self.agent.loop.snapshots)
             else:
                 pending = pending_rewind(session.events)
                 if pending is not None:
                     return pending_text(*pending)
                 scope = "files" if "--files" in flags else "conversation" if "--conversation" in flags else "both"
-                outcome = await rewind(session, self.config.workspace, blobs, int(numbers[0]), scope, force=force)
+                outcome = await rewind(session, self.config.workspace, blobs, int(numbers[0]), scope, force=force,
+                                       repo=self.agent.loop.snapshots)
         except RewindRefused as e:
             if e.changed:
                 return (f"Nothing was rewound: {e}. Send `/rewind {numbers[0] if numbers else ''} --force`"

@@ -59,13 +59,16 @@ from cairn.persistence.events import (
     TurnError,
     TurnStart,
     UserMessage,
+    WorkspaceSnapshot,
 )
 from cairn.persistence.blobs import MAX_BEFORE_IMAGE, BlobStore
 from cairn.persistence.session import LiveSession
 
 from ..providers.base import ModelRequest, Provider, ProviderError, RawToolCall, ReasoningDelta, StreamEnd, TextDelta
 from ..tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
+from ..tools.command import run_command
 from ..tools.files import Fingerprint, edit_file, fingerprint, write_file
+from .snapshots import MAX_FILE, ShadowRepo, SnapshotUnavailable
 from ..tools.registry import ToolRegistry
 from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answer, headless_approver, needs_approval
 from .compaction import (
@@ -185,6 +188,8 @@ class AgentLoop:
         profile: str | None = None,
         text_form: bool = False,
         blobs: Callable[[], BlobStore] | None = None,
+        snapshots: ShadowRepo | None = None,
+        report: Callable[[str], None] | None = None,
     ) -> None:
         self.session = session
         self.provider = provider
@@ -218,6 +223,8 @@ class AgentLoop:
         # taken up again from the log when the session is resumed on the same endpoint and model
         self.text_form = text_form or self._text_form_recorded()
         self.blobs = blobs  # the before-image store beside the session (built on first use); None: none kept
+        self.snapshots = snapshots  # the workspace's shadow git repository (None: snapshots off or no git)
+        self.report = report or log.warning  # one line for the operator (stderr headless, a notice in the TUI)
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
         self._next_turn = 1 + max((e.turn for e in session.events if isinstance(e, TurnStart)), default=0)
@@ -341,6 +348,7 @@ class AgentLoop:
     async def _turn_body(self, st: _TurnState, prompt: str) -> None:
         append = self.session.append
         append(TurnStart(turn=st.turn))
+        await self._snapshot(st, "turn-start")
         step = 0
         while True:
             step += 1
@@ -355,6 +363,7 @@ class AgentLoop:
             if not raw_calls:
                 append(StepEnd(turn=st.turn, step=step))
                 st.step = None
+                await self._snapshot(st, "turn-end")
                 return
             await self._run_calls(st)
             append(StepEnd(turn=st.turn, step=step))
@@ -692,8 +701,28 @@ class AgentLoop:
                 self._append_result(st, call, ToolOutcome(f"The operator denied this call; it did not run.{note}", DENIED))
                 return
         prints = await self._fingerprint(request.name, request.arguments)
+        if tool.body is run_command and tool.safety == "side_effecting":
+            await self._snapshot(st, "command", request.call_id)  # recorded before this call's pre-tool barrier
         run = self._record_call(st, call, prints)
         self._append_result(st, call, await self._execute(run))
+
+    async def _snapshot(self, st: _TurnState, at: str, call_id: str | None = None) -> None:
+        """The workspace as a tree in the shadow repository, recorded (SPEC §9 rev 3). A snapshot git cannot take in
+        its time budget turns snapshots off for the rest of the session, with one line saying so."""
+        repo = self.snapshots
+        if repo is None:
+            return
+        try:
+            shot = await anyio.to_thread.run_sync(repo.snapshot)
+        except SnapshotUnavailable as e:
+            self.snapshots = None
+            self.report(str(e))
+            return
+        self.session.append(WorkspaceSnapshot(turn=st.turn, at=at, tree=shot.tree, call_id=call_id,
+                                              left_out=shot.left_out))
+        if shot.left_out:
+            shown = ", ".join(shot.left_out[:5]) + (f" and {len(shot.left_out) - 5} more" if len(shot.left_out) > 5 else "")
+            self.report(f"left out of workspace snapshots (over {MAX_FILE // (1024 * 1024)} MB, not restorable): {shown}")
 
     async def _fingerprint(self, name: str, arguments: dict[str, Any]) -> Fingerprint | None:
         """A file tool's fingerprint, with its before-image stored durably — both before its `tool/call` is appended,

@@ -34,9 +34,12 @@ from cairn.persistence.events import (
     ToolResult,
     TurnStart,
     UserMessage,
+    WorkspaceSnapshot,
 )
 from cairn.persistence.evidence import FILE_TOOLS, inside, sha256_of_file
 from cairn.persistence.session import LiveSession
+
+from .snapshots import ShadowRepo, SnapshotUnavailable
 
 Scope = Literal["files", "conversation", "both"]
 COMMAND_TOOLS = ("run_command",)
@@ -76,6 +79,8 @@ class Plan:
     to_turn: int
     files: list[FilePlan] = field(default_factory=list)
     command_turns: list[int] = field(default_factory=list)  # turns that ran commands: not restorable
+    tree: str | None = None  # a workspace snapshot rewind: the turn's start tree (commands' changes included)
+    after_interruption: bool = False  # the last snapshot was taken inside a turn that never ended (a crash)
 
     @property
     def changed_outside(self) -> list[str]:
@@ -109,12 +114,59 @@ def _relative(workspace: Path, path: str) -> str | None:
         return None
 
 
-def plan_rewind(events: list[AnyEvent], workspace: Path, to_turn: int, blobs: BlobStore | None) -> Plan:
-    """What rewinding to before `to_turn` would do, looked at now (nothing is changed)."""
+def plan_rewind(events: list[AnyEvent], workspace: Path, to_turn: int, blobs: BlobStore | None,
+                repo: ShadowRepo | None = None) -> Plan:
+    """What rewinding to before `to_turn` would do, looked at now (nothing in the workspace is changed). With the
+    workspace's shadow repository and a snapshot of that turn's start, the whole workspace goes back to it (commands'
+    changes included); otherwise what the file tools changed goes back to their before-images."""
     if to_turn not in turns_of(events):
         known = turns_of(events)
         raise RewindRefused(f"there is no turn {to_turn} in this session"
                             + (f" (turns {known[0]}–{known[-1]})" if known else " (it has no turns yet)"))
+    start = next((e for e in events if isinstance(e, WorkspaceSnapshot) and e.turn == to_turn
+                  and e.at == "turn-start"), None)
+    if repo is not None and start is not None:
+        try:
+            return _snapshot_plan(events, workspace, to_turn, repo, start)
+        except SnapshotUnavailable:
+            pass  # no usable snapshot (git gone, repository pruned): the file tools' before-images still work
+    return _file_plan(events, workspace, to_turn, blobs)
+
+
+def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: ShadowRepo,
+                   start: WorkspaceSnapshot) -> Plan:
+    """Every path that differs between the workspace now and the turn's start tree; a path that differs from the last
+    snapshot Cairn took (and that Cairn's own file tools did not write since) was changed outside Cairn."""
+    now = repo.snapshot().tree
+    last = max((e for e in events if isinstance(e, WorkspaceSnapshot)), key=lambda e: e.seq)
+    outside = set(repo.changed_between(last.tree, now))
+    for e in events:  # what Cairn's file tools wrote after that snapshot is Cairn's
+        if isinstance(e, ToolCall) and e.seq > last.seq and e.after_sha256 and isinstance(e.arguments, dict):
+            path = _relative(workspace, str(e.arguments.get("path", "")))
+            target = inside(workspace, path) if path else None
+            with contextlib.suppress(OSError, ValueError):
+                if path in outside and target is not None and sha256_of_file(target) == e.after_sha256:
+                    outside.discard(path)
+    blobs_then = {}
+    for line in repo.run("ls-tree", "-r", "-z", start.tree).decode("utf-8", "surrogateescape").split("\0"):
+        if "\t" in line:
+            meta, path = line.split("\t", 1)
+            blobs_then[path] = "git:" + meta.split()[2]
+    files = []
+    for path in repo.changed_between(now, start.tree):
+        target = inside(workspace, path)
+        item = FilePlan(path, blobs_then.get(path), set())
+        try:
+            item.current_sha256 = sha256_of_file(target) if target is not None else None
+        except (OSError, ValueError):
+            item.readable = False
+        if path not in outside:
+            item.expected = {item.current_sha256}
+        files.append(item)
+    return Plan(to_turn, files, [], tree=start.tree, after_interruption=last.at != "turn-end")
+
+
+def _file_plan(events: list[AnyEvent], workspace: Path, to_turn: int, blobs: BlobStore | None) -> Plan:
     results = {e.source_seq: e for e in events if isinstance(e, ToolResult) and e.source_seq is not None}
     by_path: dict[str, FilePlan] = {}
     commands: set[int] = set()
@@ -200,43 +252,50 @@ def _restore(workspace: Path, path: str, data: bytes | None) -> None:
 
 
 async def rewind(session: LiveSession, workspace: Path, blobs: BlobStore | None, to_turn: int, scope: Scope = "both",
-                 force: bool = False) -> Outcome:
+                 force: bool = False, repo: ShadowRepo | None = None) -> Outcome:
     """Rewind `session` to before `to_turn`. Raises RewindRefused (nothing changed) when a rewind is pending, the turn
-    does not exist, or files were changed outside Cairn and `force` is not set."""
+    does not exist, or files were changed outside Cairn and `force` is not set. `repo`: the workspace's shadow
+    repository, so a turn with a start snapshot goes back whole (commands' changes included)."""
     import anyio.to_thread
 
     events = session.events
     if pending_rewind(events) is not None:
         raise RewindRefused("an interrupted rewind is pending: finish it or abandon it first")
-    plan = await anyio.to_thread.run_sync(plan_rewind, events, workspace, to_turn, blobs)
+    plan = await anyio.to_thread.run_sync(plan_rewind, events, workspace, to_turn, blobs, repo)
     files = scope in ("files", "both")
     if files and plan.changed_outside and not force:
-        raise RewindRefused("changed outside Cairn since Cairn last wrote it: " + ", ".join(plan.changed_outside)
-                            + " (use --force to overwrite)", plan.changed_outside)
+        if plan.after_interruption:
+            why = ("changed since Cairn's last snapshot, taken before a turn was interrupted (the interrupted command "
+                   "or someone else changed them)")
+        else:
+            why = "changed outside Cairn since Cairn last wrote it"
+        raise RewindRefused(f"{why}: " + ", ".join(plan.changed_outside) + " (use --force to overwrite)",
+                            plan.changed_outside)
     chosen = [f for f in plan.files if f.restorable and not f.already] if files else []
     record = RewindPlan(
         rewind_id=secrets.token_hex(6), to_turn=to_turn, conversation=scope in ("conversation", "both"),
         files=[RewindFile(path=f.path, restore_sha256=f.restore_sha256,
                           expected_sha256=f.current_sha256 if f.readable else None) for f in chosen],
-        commands_in=plan.command_turns,
+        commands_in=plan.command_turns, tree=plan.tree if files else None,
     )
     session.append(record)
     await session.flush()  # the plan is durable before the first file is touched
-    outcome = await _carry_out(session, workspace, blobs, record, set(), force)
+    outcome = await _carry_out(session, workspace, blobs, record, set(), force, repo)
     if files:
         why = "its earlier content was not kept (over 10 MB, or it held a configured secret)"
         outcome.skipped += [(path, why) for path in plan.not_restorable]
     return outcome
 
 
-async def finish_rewind(session: LiveSession, workspace: Path, blobs: BlobStore | None, force: bool = False) -> Outcome:
+async def finish_rewind(session: LiveSession, workspace: Path, blobs: BlobStore | None, force: bool = False,
+                        repo: ShadowRepo | None = None) -> Outcome:
     """Finish an interrupted rewind: each file not yet restored is checked again and restored when it still holds what
     the plan expected (or, with `force`, whatever it holds)."""
     pending = pending_rewind(session.events)
     if pending is None:
         raise RewindRefused("no interrupted rewind to finish")
     plan, done = pending
-    return await _carry_out(session, workspace, blobs, plan, done, force)
+    return await _carry_out(session, workspace, blobs, plan, done, force, repo)
 
 
 async def abandon_rewind(session: LiveSession) -> RewindPlan:
@@ -249,13 +308,23 @@ async def abandon_rewind(session: LiveSession) -> RewindPlan:
 
 
 async def _carry_out(session: LiveSession, workspace: Path, blobs: BlobStore | None, plan: RewindPlan,
-                     done: set[str], force: bool) -> Outcome:
+                     done: set[str], force: bool, repo: ShadowRepo | None = None) -> Outcome:
     import anyio.to_thread
 
     from .failpoints import rewind_point
 
     outcome = Outcome(plan.to_turn, command_turns=list(plan.commands_in), conversation=plan.conversation)
     await rewind_point("rewind-planned", session)
+    if plan.tree is not None:  # the whole workspace back to a snapshot: one read-tree, safe to run again
+        why = await anyio.to_thread.run_sync(_restore_tree, repo, plan.tree)
+        for item in plan.files:
+            if why is None:
+                outcome.restored.append(item.path)
+                session.append(RewindStep(rewind_id=plan.rewind_id, path=item.path, outcome="done"))
+            else:
+                outcome.skipped.append((item.path, why))
+                session.append(RewindStep(rewind_id=plan.rewind_id, path=item.path, outcome="skipped", detail=why))
+        return await _close(session, plan, outcome)
     for item in plan.files:
         if item.path in done:
             outcome.restored.append(item.path)
@@ -268,11 +337,26 @@ async def _carry_out(session: LiveSession, workspace: Path, blobs: BlobStore | N
         else:
             outcome.skipped.append((item.path, why))
             session.append(RewindStep(rewind_id=plan.rewind_id, path=item.path, outcome="skipped", detail=why))
+    return await _close(session, plan, outcome)
+
+
+async def _close(session: LiveSession, plan: RewindPlan, outcome: Outcome) -> Outcome:
     if plan.conversation:
         session.append(ConversationRewind(to_turn=plan.to_turn, files=outcome.restored))
     session.append(RewindEnd(rewind_id=plan.rewind_id, outcome="completed"))
     await session.flush()
     return outcome
+
+
+def _restore_tree(repo: ShadowRepo | None, tree: str) -> str | None:
+    """Put the workspace back to a snapshot tree; None when done, else why not."""
+    if repo is None:
+        return "workspace snapshots are off or git is missing: finish this rewind where git is available"
+    try:
+        repo.restore(tree)
+    except SnapshotUnavailable as e:
+        return str(e)
+    return None
 
 
 def _restore_one(workspace: Path, blobs: BlobStore | None, item: RewindFile, force: bool) -> str | None:

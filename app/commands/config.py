@@ -47,6 +47,7 @@ def settings(config: Config) -> list[tuple[str, Any, str]]:
         rows.append(("database_url", describe_database_url(config.database_url), src.get("database_url", "default")))
     rows += [
         ("workspace", str(config.workspace), src.get("workspace", "default")),
+        ("snapshots", snapshots_shown(config), src.get("snapshots", "default")),
         ("provider", config.provider, src.get("provider", "default")),
     ]
     model = config.model or DEFAULT_MODELS.get(config.provider)
@@ -73,6 +74,15 @@ def settings(config: Config) -> list[tuple[str, Any, str]]:
     rows.append(("context_window", *context_window_row(config, model, url)))
     rows.append(("transcript", config.transcript, src.get("transcript", "default")))
     return rows
+
+
+def snapshots_shown(config: Config) -> str:
+    """`auto`, `off`, or `auto (git not found: off)` — what rewind can restore depends on it."""
+    from ..agent.snapshots import git_path
+
+    if config.snapshots == "auto" and git_path() is None:
+        return "auto (git not found: off)"
+    return config.snapshots
 
 
 def context_window_row(config: Config, model: str, url: str) -> tuple[int, str]:

@@ -55,19 +55,21 @@ async def _rewind(args: argparse.Namespace, config: Any, store: Any) -> int:
     from cairn.persistence.session import LiveSession
 
     from ..agent.rewind import abandon_rewind, describe, finish_rewind, pending_rewind, rewind
+    from ..compose import workspace_snapshots
 
     opened = store.open_for_resume(args.session_id)
     blobs = blob_store_for(store.backend)
     try:
         async with LiveSession(opened) as session:
             workspace = Path(session.header.cwd)
+            repo = workspace_snapshots(config, None, workspace, session.id)
             pending = pending_rewind(session.events)
             if args.abandon:
                 plan = await abandon_rewind(session)
                 print(f"abandoned the interrupted rewind to before turn {plan.to_turn}")
                 return EXIT_OK
             if args.finish:
-                outcome = await finish_rewind(session, workspace, blobs, force=args.force)
+                outcome = await finish_rewind(session, workspace, blobs, force=args.force, repo=repo)
             elif pending is not None:
                 plan, done = pending
                 left = [f.path for f in plan.files if f.path not in done]
@@ -78,7 +80,7 @@ async def _rewind(args: argparse.Namespace, config: Any, store: Any) -> int:
                 )
             else:
                 scope = "files" if args.files else "conversation" if args.conversation else "both"
-                outcome = await rewind(session, workspace, blobs, args.turn, scope, force=args.force)
+                outcome = await rewind(session, workspace, blobs, args.turn, scope, force=args.force, repo=repo)
     finally:
         blobs.close()
     for line in describe(outcome):

@@ -194,6 +194,8 @@ PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {
     "include_usage": _boolean,
     # "text": send tool calls and results as alternating text from the start (servers whose template has no tool role)
     "transcript": _choice("messages", "text"),
+    # workspace snapshots in a shadow git repository for rewind (SPEC §9 rev 3): "auto" where git is installed, or "off"
+    "snapshots": _choice("auto", "off"),
     "headers": _headers,
     "extra_body": _table,
     "timeout": _number(0.0),

@@ -87,6 +87,7 @@ class Config:
     context_window: int | None = None
     thinking_budget: int | None = None
     transcript: str = "messages"  # "text": tool calls and results written as text (SPEC §7 rev 3, text form)
+    snapshots: str = "auto"  # workspace snapshots for rewind (SPEC §9 rev 3): "auto" (where git is) or "off"
     # MCP servers this session starts (config file `[mcp_servers.NAME]`, plus an editor's in ACP): tools.mcp configs
     mcp_servers: tuple[Any, ...] = ()
     # setting -> where its value came from: "flag --model", "env CAIRN_MODEL", "profile NAME", "default"
@@ -156,8 +157,9 @@ def resolve_config(
     if not ws.is_dir():
         raise ConfigError(f"workspace {ws} is not a directory")
     sources["workspace"] = "flag --workspace" if workspace else "default"
+    snapshots = picker.pick("snapshots", None, "", "CAIRN_SNAPSHOTS", "auto", _parse_snapshots)
     config = Config(home=home_path, backend=backend, provider="demo", model=None, script=None, workspace=ws.resolve(),
-                    database_url=database_url, sources=sources, env=env,
+                    database_url=database_url, sources=sources, env=env, snapshots=snapshots,
                     config_file=file.path if file else None, profile=chosen_profile.name if chosen_profile else None)
     if not runs_model:
         return config
@@ -329,6 +331,13 @@ def _integer(raw: Any, name: str, default: int, low: int, high: int | None = Non
     if not ok:
         limits = f"a whole number from {low} to {high}" if high is not None else f"a whole number >= {low}"
         raise ConfigError(f"{name} must be {limits}, not {str(raw).strip()[:40]!r}")
+    return value
+
+
+def _parse_snapshots(raw: Any, name: str) -> str:
+    value = str(raw).strip().lower()
+    if value not in ("auto", "off"):
+        raise ConfigError(f"{name} must be auto or off, not {str(raw).strip()[:40]!r}")
     return value
 
 

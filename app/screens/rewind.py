@@ -101,11 +101,12 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
         Binding("pagedown", "scroll_plan(1)", "Scroll", show=False, priority=True),
     ]
 
-    def __init__(self, events: list[Any], workspace: Path | str, blobs: Any) -> None:
+    def __init__(self, events: list[Any], workspace: Path | str, blobs: Any, repo: Any = None) -> None:
         super().__init__()
         self.events = list(events)
         self.workspace = Path(workspace)
         self.blobs = blobs
+        self.repo = repo  # the workspace's shadow repository (snapshot rewinds), or None
         self.turns = prompts(self.events)
         self.plan: Plan | None = None  # for the highlighted turn, once computed
         self._asking = False
@@ -146,7 +147,7 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
     @work(exclusive=True, group="plan")
     async def _compute(self, turn: int) -> None:
         try:
-            plan = await asyncio.to_thread(plan_rewind, self.events, self.workspace, turn, self.blobs)
+            plan = await asyncio.to_thread(plan_rewind, self.events, self.workspace, turn, self.blobs, self.repo)
         except RewindRefused as e:
             self.query_one("#plan-text", Static).update(Text(safe_text(str(e)), style="red"))
             return
