@@ -231,3 +231,17 @@ def test_rm_prunes_snapshot_trees_no_remaining_session_needs(tmp_path):
     assert not list(repos[0].glob("index-one*"))
     assert world.cairn("rm", "two").returncode == 0
     assert not repos[0].exists()
+
+
+def test_a_command_snapshot_looks_again_only_after_something_with_an_effect_ran(tmp_path):
+    world = World(tmp_path, "jsonl", "auto")
+    world.turn("two commands", run("echo one > a.txt"), run("echo two > b.txt"))
+    world.turn("write then run", {"name": "write_file", "arguments": {"path": "c.txt", "content": "c\n"}},
+               run("cat c.txt"))
+    shots = [e for e in world.events() if e["type"] == "workspace/snapshot"]
+    first, second = [s for s in shots if s["turn"] == 1], [s for s in shots if s["turn"] == 2]
+    assert [s["at"] for s in first] == ["turn-start", "command", "command", "turn-end"]
+    assert first[1]["tree"] == first[0]["tree"]  # nothing ran before the first command: the same tree, no git call
+    assert first[2]["tree"] != first[1]["tree"]  # the first command wrote a.txt: looked again
+    assert [s["at"] for s in second] == ["turn-start", "command", "turn-end"]
+    assert second[1]["tree"] != second[0]["tree"]  # write_file ran before the command: c.txt is in its tree

@@ -68,7 +68,7 @@ from ..providers.base import ModelRequest, Provider, ProviderError, RawToolCall,
 from ..tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
 from ..tools.command import run_command
 from ..tools.files import Fingerprint, edit_file, fingerprint, write_file
-from .snapshots import MAX_FILE, ShadowRepo, SnapshotUnavailable
+from .snapshots import MAX_FILE, ShadowRepo, Snapshot, SnapshotUnavailable
 from ..tools.registry import ToolRegistry
 from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answer, headless_approver, needs_approval
 from .compaction import (
@@ -224,6 +224,8 @@ class AgentLoop:
         self.text_form = text_form or self._text_form_recorded()
         self.blobs = blobs  # the before-image store beside the session (built on first use); None: none kept
         self.snapshots = snapshots  # the workspace's shadow git repository (None: snapshots off or no git)
+        self._last_shot: Any = None  # this session's latest workspace/snapshot event
+        self._touched = False  # a tool with an effect ran since that snapshot
         self.report = report or log.warning  # one line for the operator (stderr headless, a notice in the TUI)
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
@@ -712,13 +714,18 @@ class AgentLoop:
         repo = self.snapshots
         if repo is None:
             return
-        try:
-            shot = await anyio.to_thread.run_sync(repo.snapshot)
-        except SnapshotUnavailable as e:
-            self.snapshots = None
-            self.report(str(e))
-            return
-        self.session.append(WorkspaceSnapshot(turn=st.turn, at=at, tree=shot.tree, call_id=call_id,
+        if at == "command" and not self._touched and self._last_shot is not None and self._last_shot.turn == st.turn:
+            # nothing with an effect ran since this turn's last snapshot: the command starts from that tree
+            shot = Snapshot(self._last_shot.tree)
+        else:
+            try:
+                shot = await anyio.to_thread.run_sync(repo.snapshot)
+            except SnapshotUnavailable as e:
+                self.snapshots = None
+                self.report(str(e))
+                return
+        self._touched = False
+        self._last_shot = self.session.append(WorkspaceSnapshot(turn=st.turn, at=at, tree=shot.tree, call_id=call_id,
                                               left_out=shot.left_out))
         if shot.left_out:
             shown = ", ".join(shot.left_out[:5]) + (f" and {len(shot.left_out) - 5} more" if len(shot.left_out) > 5 else "")
@@ -784,6 +791,7 @@ class AgentLoop:
 
         async def body() -> ToolOutcome:
             run.body_started = True
+            self._touched = self._touched or run.safety != "read_only"  # the next command snapshot looks again
             ctx = ToolContext(self.workspace, run.call_id, run.turn, run.step, run.parent_call_id, dispatch,
                               progress=lambda pid, started: self._progress(run, pid, started),
                               fingerprint=run.fingerprint)

@@ -74,7 +74,7 @@ class ShadowRepo:
             raise SnapshotUnavailable("git is not installed (not on PATH): rewind uses the file tools' before-images only")
         command = [self.git, "-c", "core.hooksPath=" + os.devnull, "-c", "credential.helper=",
                    "-c", "commit.gpgSign=false", "-c", "core.autocrlf=false", "-c", "core.fsmonitor=false",
-                   "-c", "core.quotePath=false", "-c", "gc.auto=0", *args]
+                   "-c", "core.quotePath=false", "-c", "gc.auto=0", "-c", "core.untrackedCache=true", *args]
         try:
             done = subprocess.run(command, env=self._env(), cwd=self.workspace, input=stdin, capture_output=True,
                                   timeout=budget or self.budget)
@@ -113,22 +113,20 @@ class ShadowRepo:
                 if others:
                     with contextlib.suppress(OSError):
                         shutil.copyfile(others[0], self.index)
-        self.run("add", "-A", "--ignore-errors", "--", ".")
+        # --verbose names what the index took in ("add 'path'", "remove 'path'"): nothing named and a tree already
+        # known means the workspace is as it was, so no write-tree (a command mid-turn waits only for `git add`)
+        said = self.run("add", "-A", "--verbose", "--ignore-errors", "--", ".").decode("utf-8", "surrogateescape")
+        if not said.strip() and self._last_tree is not None:
+            return Snapshot(self._last_tree)
+        added = [line[5:-1] for line in said.splitlines() if line.startswith("add '") and line.endswith("'")]
+        left_out = self._leave_out_large(added)
         tree = self.run("write-tree").decode().strip()
-        left_out: list[str] = []
-        if tree != self._last_tree:
-            left_out = self._leave_out_large(tree)
-            if left_out:
-                tree = self.run("write-tree").decode().strip()
         self._last_tree = tree
         return Snapshot(tree, left_out)
 
-    def _leave_out_large(self, tree: str) -> list[str]:
-        """Files over the size limit among what changed since the last snapshot: out of the index, and excluded from
-        now on (the shadow repository's own info/exclude)."""
-        base = self._last_tree or EMPTY_TREE
-        changed = [p for p in self.run("diff-tree", "-r", "-z", "--name-only", "--no-renames", "--diff-filter=AM",
-                                       base, tree).decode("utf-8", "surrogateescape").split("\0") if p]
+    def _leave_out_large(self, changed: list[str]) -> list[str]:
+        """Files over the size limit among those just added: out of the index, and excluded from now on (the shadow
+        repository's own info/exclude)."""
         large = []
         for path in changed:
             try:
