@@ -7,6 +7,7 @@ with fixed times for the pictures."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cairn.app.agent.rewind import prompts
 from cairn.app.screens.confirm import ConfirmDialog
 from cairn.app.screens.resume import ResumeScreen
 from cairn.app.screens.rewind import PendingRewindScreen, RewindScreen
@@ -71,16 +73,19 @@ def cli_turn(world, tmp_path: Path, sid: str, prompt: str, *calls: dict) -> None
     first = not (Path(world.config.home) / "sessions").exists() or not any(
         s.id == sid for s in world.store.list_sessions())
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(world.config.home),
-           "LANG": "C.UTF-8", "CAIRN_BACKEND": "jsonl", "CAIRN_PROVIDER": "script"}
+           "LANG": "C.UTF-8", "CAIRN_BACKEND": "jsonl", "CAIRN_PROVIDER": "script",
+           "CAIRN_SNAPSHOTS": world.config.snapshots}
     proc = subprocess.run([CAIRN, "run", "--script", str(script), "--yes",
                            *(["--session-id", sid] if first else ["--resume", sid]), prompt],
                           env=env, cwd=world.workspace, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 
-def three_turns(tmp_path: Path, sid: str = "rw"):
-    """Turn 1 writes a.txt; turn 2 edits it and creates b.txt; turn 3 rewrites a.txt and runs a command."""
+def three_turns(tmp_path: Path, sid: str = "rw", snapshots: str = "off"):
+    """Turn 1 writes a.txt; turn 2 edits it and creates b.txt; turn 3 rewrites a.txt and runs a command. Workspace
+    snapshots off unless asked for: these tests rewind from the file tools' before-images."""
     world = make_world(tmp_path, [])
+    world.config = dataclasses.replace(world.config, snapshots=snapshots)
     cli_turn(world, tmp_path, sid, "write a", write("a.txt", "one\n"))
     cli_turn(world, tmp_path, sid, "change a, add b", edit("a.txt", "one", "two"), write("b.txt", "bee\n"))
     cli_turn(world, tmp_path, sid, "three", write("a.txt", "three\n"),
@@ -135,6 +140,26 @@ def test_rewind_files_from_the_slash_command(tmp_path):
     assert not any(isinstance(e, ConversationRewind) for e in log)  # files only
 
 
+def test_with_workspace_snapshots_the_dialog_takes_back_what_a_command_did_too(tmp_path):
+    world = three_turns(tmp_path, snapshots="auto")
+    app = world.resume_app("rw")
+
+    async def run() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent")
+            dialog = await open_by_slash(pilot, app)
+            await choose_turn(pilot, dialog, 2)
+            shown = str(dialog.query_one("#plan-text").render())
+            assert "commands' changes included" in shown and "c.txt — delete it" in shown
+            await pilot.press("f")
+            await wait_for(pilot, lambda: "restored to before turn 2" in notices(app), "its notice")
+            await app.action_quit()
+
+    asyncio.run(run())
+    assert (world.workspace / "a.txt").read_text() == "one\n"
+    assert not (world.workspace / "b.txt").exists() and not (world.workspace / "c.txt").exists()
+
+
 def test_rewind_conversation_only_keeps_the_files(tmp_path):
     world = three_turns(tmp_path)
     app = world.resume_app("rw")
@@ -146,6 +171,8 @@ def test_rewind_conversation_only_keeps_the_files(tmp_path):
             await pilot.press("c")
             await wait_for(pilot, lambda: "the conversation continues from before turn 3" in notices(app), "notice")
             assert "⟲ rewound" in notices(app)  # the transcript marks where the conversation goes on from
+            # the rewound turn's prompt waits in the prompt, to send, edit or drop
+            assert app.chat.query_one(PromptInput).text == dict(prompts(app.session.events))[3]
             await app.action_quit()
 
     asyncio.run(run())

@@ -53,7 +53,10 @@ def plan_text(plan: Plan, prompt: str = "") -> Text:
         out.append(f"  “{first_line(prompt, 60)}”", style="italic")
     out.append("\n")
     if plan.files:
-        out.append(f"Files Cairn's tools changed from turn {n} on:\n")
+        if plan.tree is not None:
+            out.append(f"Files that differ from the workspace at turn {n}'s start (commands' changes included):\n")
+        else:
+            out.append(f"Files Cairn's tools changed from turn {n} on:\n")
         for f in plan.files:
             path = safe_text(f.path)
             if f.already:
@@ -68,6 +71,8 @@ def plan_text(plan: Plan, prompt: str = "") -> Text:
                 if f.changed_outside:
                     out.append("  ⚠ changed outside Cairn: restoring overwrites it (asks first)", style="bold yellow")
                 out.append("\n")
+    elif plan.tree is not None:
+        out.append(f"The workspace is as it was at turn {n}'s start.\n", style="dim")
     else:
         out.append(f"No file was changed by Cairn's file tools from turn {n} on.\n", style="dim")
     if plan.command_turns:
