@@ -238,9 +238,9 @@ def tui_command(args: argparse.Namespace, config: Any) -> int:
     if args.command == "resume":
         session_id = args.session_id or store.latest_in(str(config.workspace))
         opened = store.open_for_resume(session_id) if session_id else None
-        session_config, unavailable = tui_config_for(config, opened)
+        session_config, unavailable, provider = tui_open_for(config, opened)
     else:
-        check_provider(config)  # configuration errors end here, before a session is created
+        provider = build_provider(config)  # configuration errors end here, before a session is created
         opened = store.create(cwd=str(config.workspace), deferred=True)  # on disk with its first prompt
         session_config, unavailable = config, None
     from cairn.persistence.errors import PersistenceError
@@ -248,7 +248,9 @@ def tui_command(args: argparse.Namespace, config: Any) -> int:
     from .tui import CairnApp
 
     while True:
-        app = CairnApp(session_config, opened, store, unavailable=unavailable, notice=notice)
+        # the provider built by the check above is the app's (built once; no event loop just to close it: P8)
+        app = CairnApp(session_config, opened, store, unavailable=unavailable, notice=notice, provider=provider)
+        provider = None
         try:
             choice = app.run()
         finally:
@@ -263,31 +265,48 @@ def tui_command(args: argparse.Namespace, config: Any) -> int:
                 opened, session_config, unavailable = None, config, None
                 notice = f"Cannot open session {choice.session_id}: {e}"
                 continue
-            session_config, unavailable = tui_config_for(config, opened)
+            session_config, unavailable, provider = tui_open_for(config, opened)
         else:
-            check_provider(config)
+            provider = build_provider(config)
             opened = store.create(cwd=str(config.workspace), deferred=True)
             session_config, unavailable = config, None
 
 
 def tui_config_for(config: Any, opened: Any) -> tuple[Any, str | None]:
-    """The config a session opens with in the TUI, and why its provider cannot be built (None: it can). Unlike
-    `cairn run`, the TUI opens the session anyway: the resume screen and verdicts need no model, and the app says what
-    continuing needs when a prompt is sent."""
+    """The config a session opens with in the TUI, and why its provider cannot be built (None: it can)."""
+    session_config, unavailable, provider = tui_open_for(config, opened)
+    if provider is not None:
+        import anyio
+
+        anyio.run(provider.aclose)
+    return session_config, unavailable
+
+
+def tui_open_for(config: Any, opened: Any) -> tuple[Any, str | None, Any]:
+    """The config a session opens with in the TUI, why its provider cannot be built (None: it can), and that provider
+    (None when it cannot be built). Unlike `cairn run`, the TUI opens the session anyway: the resume screen and
+    verdicts need no model, and the app says what continuing needs when a prompt is sent."""
     if opened is None:
-        return config, None
+        return config, None, None
     from .config.checks import ConfigError
     from .config.resolver import config_for_session
 
     try:
         session_config = config_for_session(config, opened.events)
     except ConfigError as e:
-        return config, str(e)
+        return config, str(e), None
     try:
-        check_provider(session_config)
+        provider = build_provider(session_config)
     except ConfigError as e:
-        return session_config, str(e)
-    return session_config, None
+        return session_config, str(e), None
+    return session_config, None, provider
+
+
+def build_provider(config: Any) -> Any:
+    """The configured provider (configuration errors raise ConfigError: exit 2)."""
+    from .config.resolver import make_provider
+
+    return make_provider(config)
 
 
 def check_provider(config: Any) -> None:

@@ -75,32 +75,56 @@ async def mount_agent(
     report: Callable[[str], None] | None = None,
     with_policy: bool = True,
     tools: ToolRegistry | None = None,
+    mcp_background: bool = False,
+    mcp: Any = None,
+    mcp_waiting: Callable[[list[str]], None] | None = None,
 ) -> Agent:
     """Mount policy then loop on a live session; `stack` unwinds them in reverse (loop stops first, then the policy's
     hooks go). Who owns the session itself differs by face: `open_agent` enters it here, the TUI's service widget owns
     it there.
 
     The provider's secrets (its key, credentials in its base URL) are registered with the session before the loop can
-    append anything, so no event ever stores them."""
+    append anything, so no event ever stores them.
+
+    Configured MCP servers start here (or were started by `open_agent`: `mcp`). With `mcp_background` (TUI, `cairn
+    run`) nothing waits for them: their tools join the registry once they are ready, and a turn that reaches its first
+    request before then waits for them only (after its prompt is durable), saying so through `mcp_waiting` (the names
+    still starting). Without it (ACP, the Python API) the agent is returned once each server is ready or failed."""
     secrets = provider_secrets(provider) + database_secrets(getattr(config, "database_url", None))
     if secrets:
         session.add_secrets(secrets)
     registry = tools or ToolRegistry(builtin_tools())
-    mcp = None
-    if getattr(config, "mcp_servers", None):
+    if mcp is None and getattr(config, "mcp_servers", None):
         # before the policy and the loop, so the stack stops the servers after the loop has quiesced and before
-        # persistence closes; mcp (and pydantic) are imported only here
-        from .tools.mcp import McpServers
-
-        mcp = McpServers(config.mcp_servers, config.workspace, report=report)
+        # persistence closes; mcp (and pydantic) are imported only when they start, in a thread
+        mcp = new_mcp_servers(config, report)
+        if mcp_background:
+            await mcp.start()
+            stack.push_async_callback(mcp.close)
+        else:
+            await stack.enter_async_context(mcp)  # waits until every server is ready or failed
+    elif mcp is not None:
+        stack.push_async_callback(mcp.stop)  # started by open_agent: stopped after the loop, before persistence
+    if mcp is not None:
         session.add_secrets(mcp.secrets)
-        await stack.enter_async_context(mcp)
-        registry = ToolRegistry([*registry, *[t for t in mcp.tools if t.name not in registry]])
+        registry = ToolRegistry(list(registry))  # the caller's registry stays as it was
+
+        def join(tools: list[Any]) -> None:
+            for tool in tools:
+                if tool.name not in registry:
+                    registry.register(tool)
+
+        if mcp.settled.is_set():
+            join(mcp.tools)
+        else:
+            mcp.on_settled.append(join)
     hooks = Hooks()
     policy = None
     if with_policy:
         policy = CheckpointPolicy(session, report).install(hooks)
         stack.callback(policy.dispose)
+    if mcp is not None and not mcp.settled.is_set():
+        hooks.add("before_step", mcp_ready_hook(mcp, mcp_waiting))  # after the policy's: the prompt is durable first
     failpoint = failpoints.from_env(session)
     if failpoint is not None:
         failpoint.install(hooks)  # after the policy: it stops *after* the barrier at the same point
@@ -135,6 +159,26 @@ def workspace_snapshots(config: Config, report: Callable[[str], None] | None, wo
     return ShadowRepo(Path(config.home), Path(workspace or config.workspace), session_id)
 
 
+def new_mcp_servers(config: Config, report: Callable[[str], None] | None) -> Any:
+    from .tools.mcp import McpServers  # (light: the SDK itself is imported when the servers start, in a thread)
+
+    return McpServers(config.mcp_servers, config.workspace, report=report)
+
+
+def mcp_ready_hook(mcp: Any, waiting: Callable[[list[str]], None] | None) -> Callable[..., Any]:
+    """A `before_step` wrapper: a request waits until the MCP servers have settled (ready or failed), so the model
+    sees their tools; one line (`waiting`) names those still starting. Esc/Ctrl+C cancel the turn meanwhile."""
+
+    async def wait_for_servers(ctx: Any, call_next: Callable[[], Any]) -> Any:
+        if not mcp.settled.is_set():
+            if waiting is not None:
+                waiting(mcp.starting)
+            await mcp.wait_ready()
+        return await call_next()
+
+    return wait_for_servers
+
+
 def before_images(stack: AsyncExitStack, config: Config) -> Callable[[], Any]:
     """The before-image store beside the config's sessions (SPEC §9 rev 3), built on the first file-tool call and
     closed with the stack."""
@@ -165,12 +209,22 @@ async def open_agent(
     with_policy: bool = True,
     tools: ToolRegistry | None = None,
     window: float = DEFAULT_WINDOW,
+    mcp_background: bool = False,
+    mcp_waiting: Callable[[list[str]], None] | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) a session and mount the agent on it. A new session's provider is built, and a bad provider
     configuration fails, before anything is created. A resumed one (`resume`, or `opened` with history) continues with
     the provider and model of its last request unless the config chose them explicitly; if that provider cannot be
-    built, a session this function opened is closed again before the error is raised."""
+    built, a session this function opened is closed again before the error is raised.
+
+    With `mcp_background` (`cairn run`), configured MCP servers start first, before the provider and the session, and
+    nothing waits for them but the first request (see `mount_agent`)."""
     async with AsyncExitStack() as stack:
+        mcp = None
+        if mcp_background and getattr(config, "mcp_servers", None) and not resume and opened is None:
+            mcp = new_mcp_servers(config, report)  # (a resumed session may switch config: started in mount_agent)
+            await mcp.start()
+            stack.push_async_callback(mcp.close)
         if opened is None and not resume:
             provider = make_provider(config)
             stack.push_async_callback(provider.aclose)
@@ -190,5 +244,6 @@ async def open_agent(
         session = LiveSession(opened, window=window)
         await stack.enter_async_context(session)
         yield await mount_agent(
-            stack, session, provider, config, approver=approver, report=report, with_policy=with_policy, tools=tools
+            stack, session, provider, config, approver=approver, report=report, with_policy=with_policy, tools=tools,
+            mcp_background=mcp_background, mcp=mcp, mcp_waiting=mcp_waiting,
         )

@@ -149,6 +149,9 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
         resume=args.resume,
         approver=headless_approver(args.yes),
         report=lambda message: note(f"cairn: {message}"),
+        # MCP servers start first and in the background; the first request waits for them only (issue 29)
+        mcp_background=True,
+        mcp_waiting=lambda names: note(f"cairn: waiting for MCP server {', '.join(names)} to start"),
     ) as agent:
         session = agent.session
         if args.json:

@@ -13,8 +13,9 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import events
 from textual.app import App
@@ -27,11 +28,11 @@ from cairn.widgets.terminal_text import safe_text
 
 from . import quiet_gc
 from .config.resolver import Config, make_provider
-from .screens.approval import ApprovalModal
 from .screens.chat import ChatScreen
-from .screens.confirm import ConfirmDialog
-from .screens.sessions import SessionChoice, SessionsScreen
 from .slash_commands import COMMANDS
+
+if TYPE_CHECKING:  # screens other than the chat are imported when first shown (start-up, P8)
+    from .screens.sessions import SessionChoice
 
 SETTINGS_FILE = "tui.json"
 
@@ -56,12 +57,12 @@ class SlashCommandsProvider(Provider):
                 yield Hit(score, matcher.highlight(name), run, help=help_text)
 
 
-class CairnApp(App[SessionChoice | None]):
+class CairnApp(App["SessionChoice | None"]):
     TITLE = "Cairn"
     COMMANDS = App.COMMANDS | {SlashCommandsProvider}
 
     def __init__(self, config: Config, opened: OpenedSession | None, store: SessionStore,
-                 unavailable: str | None = None, notice: str | None = None) -> None:
+                 unavailable: str | None = None, notice: str | None = None, provider: Any = None) -> None:
         super().__init__()
         self.config = config
         self.store = store
@@ -76,7 +77,7 @@ class CairnApp(App[SessionChoice | None]):
             self.provider = UnavailableProvider(header.provider if header else config.provider,
                                                 header.model if header else (config.model or "?"), unavailable)
         elif opened is not None:
-            self.provider = make_provider(config)
+            self.provider = provider if provider is not None else make_provider(config)  # (the CLI built it once)
         self.chat: ChatScreen | None = None
         self._shutting_down = False
         theme = self._settings().get("theme")
@@ -116,6 +117,8 @@ class CairnApp(App[SessionChoice | None]):
         if self.notice:
             self.notify(safe_text(self.notice), severity="error", timeout=12, markup=False)
         if self.session is None:
+            from .screens.sessions import SessionsScreen
+
             self.push_screen(SessionsScreen(self.store), self._chosen)
         else:
             assert self.provider is not None
@@ -126,7 +129,9 @@ class CairnApp(App[SessionChoice | None]):
         """Keys for an approval modal that belong to typing go to the prompt instead (Ctrl+Q still quits)."""
         if isinstance(event, events.Key) and not event.is_forwarded and event.key != "ctrl+q":
             modal = self.screen
-            if isinstance(modal, ApprovalModal) and modal.diverts(event.key, event.time):
+            approval = sys.modules.get("cairn.app.screens.approval")  # (imported with the agent stack)
+            if approval is not None and isinstance(modal, approval.ApprovalModal) and modal.diverts(event.key,
+                                                                                                 event.time):
                 if self.chat is not None:
                     self.chat.query_one(PromptInput).take_typed(event.key, event.character)
                 return
@@ -137,10 +142,14 @@ class CairnApp(App[SessionChoice | None]):
             await self.chat.run_slash(name, "")
 
     def action_open_sessions(self) -> None:
+        from .screens.sessions import SessionsScreen
+
         current = self.session.id if self.session else None
         self.push_screen(SessionsScreen(self.store, current), self._chosen)
 
     def action_new_session(self) -> None:
+        from .screens.sessions import SessionChoice
+
         self._chosen(SessionChoice("new"))
 
     def _chosen(self, choice: SessionChoice | None) -> None:
@@ -150,6 +159,8 @@ class CairnApp(App[SessionChoice | None]):
             def answered(leave: bool | None) -> None:
                 if leave:
                     self.run_worker(self.shutdown(choice), name="shutdown")
+
+            from .screens.confirm import ConfirmDialog
 
             self.push_screen(ConfirmDialog("A turn is running. Leaving this session cancels it: its closing events "
                                            "are written, and a command it is running is stopped. Leave?"), answered)

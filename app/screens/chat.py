@@ -8,9 +8,10 @@ the transcript applies them exactly as it applies history.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import on
@@ -40,16 +41,14 @@ from cairn.widgets.terminal_text import safe_text
 from cairn.widgets.transcript import Notice, Transcript
 
 from .. import quiet_gc, slash_commands
-from ..agent.approval import ApprovalAnswer, ApprovalRequest
-from ..agent.compaction import configured_window
-from ..agent.loop import TurnResult
-from ..compose import Agent, mount_agent
 from ..config.resolver import Config
 from ..history import PromptHistory, history_path
-from ..providers.base import Provider
-from ..tools.registry import builtin_safety
-from .approval import ApprovalModal
-from .help import HelpScreen
+
+if TYPE_CHECKING:  # the agent stack (loop, tools, providers, MCP) is imported after the first frame (P8)
+    from ..agent.approval import ApprovalAnswer, ApprovalRequest
+    from ..agent.loop import TurnResult
+    from ..compose import Agent
+    from ..providers.base import Provider
 
 WELCOME = (
     "New session {id} ({provider}). Type a prompt: Enter sends, Ctrl+J adds a line, ↑ recalls earlier prompts, "
@@ -66,7 +65,28 @@ ESC_ESC = 0.6  # seconds: two Esc presses on an empty prompt this close together
 UI_SHARE = 4  # frames are spaced at least this many times their cost: drawing takes at most ~1/4 of the event loop
 
 
+AGENT_STACK = ("cairn.app.compose", "cairn.app.agent.approval", "cairn.app.screens.approval")
+
+
+def import_agent_stack() -> None:
+    """The agent stack's modules (loop, policy, tools, providers; the approval dialog), imported off the event loop."""
+    import importlib
+
+    for name in AGENT_STACK:
+        importlib.import_module(name)
+
+
+def builtin_safety_if_loaded(name: str) -> str:
+    """A built-in tool's safety class for a card drawn before its `tool/call` says it ("?" until the tools are
+    imported with the agent stack: history cards take it from their `tool/call` anyway)."""
+    registry = sys.modules.get("cairn.app.tools.registry")
+    return (registry.builtin_safety(name) if registry is not None else None) or "?"
+
+
 class ChatScreen(Screen[None]):
+    # the prompt has the focus from the start: focusing the transcript first (Textual's default, the first focusable
+    # widget) and moving it to the prompt in on_mount restyled the whole history once more (P8)
+    AUTO_FOCUS = "#prompt"
     DEFAULT_CSS = """
     ChatScreen #queue { height: auto; color: $text-muted; padding: 0 2; display: none; }
     ChatScreen #queue.-visible { display: block; }
@@ -120,7 +140,7 @@ class ChatScreen(Screen[None]):
         self.history = PromptHistory(history_path(config.home, config.workspace), secrets)
 
     def compose(self) -> ComposeResult:
-        yield Transcript(safety_of=lambda name: builtin_safety(name) or "?", id="transcript")
+        yield Transcript(safety_of=builtin_safety_if_loaded, id="transcript")
         yield Static("", id="queue", markup=False)
         yield OptionList(id="slash")
         yield PromptInput(id="prompt")
@@ -146,7 +166,7 @@ class ChatScreen(Screen[None]):
             await transcript.mount(Notice(welcome, markup=False))
         transcript.scroll_end(animate=False)
         self.session.subscribe(self._on_session_event)
-        self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
+        self.call_after_refresh(self._start_agent)  # the agent stack after the first frame: usable first (P8)
         calls: list[Any] = []
         if self.session.repaired or calls_awaiting_verdict(self.session.events):
             from .resume import recovered_from  # (imported only when there may be calls to show: start-up, P8)
@@ -200,11 +220,24 @@ class ChatScreen(Screen[None]):
         self.session.append(RecoveryVerdict(call_id=call_id, verdict=verdict, note=note))  # type: ignore[arg-type]
         await self.session.flush()
 
+    def _start_agent(self) -> None:
+        """Right after the first frame: build the agent stack (loop, tools, providers, MCP servers) in a worker, its
+        imports in a thread, so the prompt takes keys meanwhile. A prompt sent before it is ready waits for it."""
+        if self._worker is None and not self._stop.is_set():
+            self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
+
     async def _run_agent(self) -> None:
+        await asyncio.to_thread(import_agent_stack)
+        from ..compose import mount_agent
+
         async with AsyncExitStack() as stack:
             self.agent = await mount_agent(
-                stack, self.session, self.provider, self.config, approver=self.ask_approval, report=self.report
+                stack, self.session, self.provider, self.config, approver=self.ask_approval, report=self.report,
+                mcp_background=True, mcp_waiting=self._waiting_for_mcp,
             )
+            if self.agent.mcp is not None:  # servers come up while the operator types: the status bar says so
+                self.agent.mcp.on_change.append(self._refresh_activity)
+                self._refresh_activity()
             self.agent.loop.on_turn_result.append(self._turn_finished)
             self.agent.loop.on_compacting.append(self._set_compacting)
             self.agent.loop.on_waiting.append(self._set_waiting)
@@ -212,6 +245,13 @@ class ChatScreen(Screen[None]):
             self._agent_ready.set()
             await self._stop.wait()
         # leaving the stack: the loop cancelled its turn and wrote the real closing events; the policy is removed
+
+    def _waiting_for_mcp(self, names: list[str]) -> None:
+        """A prompt reached its first request before the MCP servers were up: it waits for them only, visibly."""
+        if self.is_attached and names:
+            self.run_worker(self._say(f"Waiting for MCP server{'s' if len(names) > 1 else ''} {', '.join(names)} to "
+                                      "start, so that the model sees their tools (Esc cancels)."),
+                            exit_on_error=False)
 
     def _resumed(self, calls: Any) -> None:
         # each verdict was appended and made durable when its dialog closed (_save_verdict)
@@ -323,10 +363,21 @@ class ChatScreen(Screen[None]):
                                     "-warning")
                 return
             await self._say("\n".join(describe(outcome)), "-warning" if outcome.skipped else "")
+            if outcome.conversation:
+                self._repropose(choice.to_turn)
         finally:
             self.rewinding = False
             if self.is_attached:
                 self.query_one(PromptInput).focus()
+
+    def _repropose(self, turn: int) -> None:
+        """After a conversation rewind, the rewound turn's prompt waits in an empty prompt: send, edit or drop it."""
+        from ..agent.rewind import prompts
+
+        prompt = self.query_one(PromptInput)
+        text = dict(prompts(self.session.events)).get(turn)
+        if text and not prompt.text.strip():
+            prompt.insert(text)
 
     def action_escape_idle(self) -> None:
         """Esc on an empty prompt with no turn running: a second Esc within ESC_ESC seconds opens the rewind dialog."""
@@ -424,6 +475,7 @@ class ChatScreen(Screen[None]):
     def _turn_finished(self, result: TurnResult) -> None:
         """After each turn (in the loop's task): hand the next waiting prompt to the loop, keeping their order."""
         self._in_loop = max(0, self._in_loop - 1)
+        self._sending = False
         self._send_next()
         if getattr(result, "reason", "") == "error" and self.is_attached:
             self.notify("The turn ended in an error: ↑ in the prompt brings your prompt back to send it again.",
@@ -464,6 +516,9 @@ class ChatScreen(Screen[None]):
             doing = f"● waiting for the server: {self._waited:.0f} s"
         waiting = "paused" if self._paused else "queued"
         status.activity = (doing if running else "idle") + (f" · {len(queued)} {waiting}" if queued else "")
+        starting = self.agent.mcp.starting if self.agent is not None and self.agent.mcp is not None else []
+        if starting:
+            status.activity += f" · MCP starting: {', '.join(starting)}"
         status.grants = ", ".join(loop.grants.labels()) if loop is not None else ""
         queue = self.query_one("#queue", Static)
         editing = self._editing_queued()
@@ -551,6 +606,8 @@ class ChatScreen(Screen[None]):
 
     @on(PromptInput.HelpRequested)
     def action_help(self) -> None:
+        from .help import HelpScreen
+
         if not isinstance(self.app.screen, HelpScreen):
             self.app.push_screen(HelpScreen())
 
@@ -588,6 +645,8 @@ class ChatScreen(Screen[None]):
             loop = self.agent.loop
             loop.provider = self.agent.provider = provider
             loop.profile = name
+            from ..agent.compaction import configured_window
+
             loop.context_window = config.context_window or configured_window()
             loop.known_window = None  # asked again of the new endpoint before the next request
             loop.text_form = config.transcript == "text" or loop._text_form_recorded()
@@ -715,6 +774,8 @@ class ChatScreen(Screen[None]):
 
     async def ask_approval(self, request: ApprovalRequest) -> ApprovalAnswer:
         """The TUI's approver: a modal; the loop waits on a future its dismissal resolves."""
+        from ..agent.approval import ApprovalAnswer
+        from .approval import ApprovalModal
 
         future: asyncio.Future[ApprovalAnswer] = asyncio.get_running_loop().create_future()
 

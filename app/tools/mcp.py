@@ -630,7 +630,12 @@ def _die_with_cairn(command: str, args: list[str]) -> tuple[str, list[str]]:
 
 
 class McpServers:
-    """The configured servers of one session, started in parallel and stopped together (an async context manager)."""
+    """The configured servers of one session, started in parallel and stopped together (an async context manager).
+
+    `async with` starts them and waits until each is ready or has failed. `start()` (then `async with`, or `close()`)
+    starts them in the background instead (issue 29: a session opens without waiting for its servers; the SDK import
+    runs in a thread): `settled` is set once every server is ready or has failed and its tools are in `tools`;
+    `wait_ready()` waits for that; `on_change` callbacks hear each state change (a status bar)."""
 
     def __init__(self, configs: Iterable[McpServerConfig], workspace: Path, *,
                  report: Callable[[str], None] | None = None, environ: Any = None) -> None:
@@ -640,39 +645,80 @@ class McpServers:
         self.tools: list[Tool] = []
         self.secrets = [s for c in self.connections for s in server_secrets(c.config, environ)]
         self._tasks: anyio.abc.TaskGroup | None = None
+        self.settled = anyio.Event()
+        self.on_change: list[Callable[[], None]] = []  # called after any server's state changed
+        self.on_settled: list[Callable[[list[Tool]], None]] = []  # called once, with the tools of the ready servers
+        self._closed = False
+        self._stopping = False
 
     @property
     def states(self) -> list[ServerState]:
         return [c.state for c in self.connections]
 
+    @property
+    def starting(self) -> list[str]:
+        """Names of the servers still starting."""
+        return [c.config.name for c in self.connections if c.state.status == "starting"]
+
     async def __aenter__(self) -> McpServers:
-        if self.connections:  # the SDK takes ~0.6 s to import: off the event loop, so a TUI stays responsive
-            await anyio.to_thread.run_sync(_load_sdk)
+        if self._tasks is None:
+            await self.start()
+        try:
+            await self.wait_ready()
+        except BaseException:
+            await self._close(cancel=True)
+            raise
+        return self
+
+    async def start(self) -> None:
+        """Start every server in the background and return at once (see the class docstring)."""
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
+        self._tasks.start_soon(self._start_all)
+
+    async def wait_ready(self) -> None:
+        """Until every server is ready or has failed (each within its `startup_timeout`)."""
+        await self.settled.wait()
+
+    async def _start_all(self) -> None:
+        assert self._tasks is not None
         try:
+            if self.connections:  # the SDK takes ~0.6 s to import: off the event loop, so a TUI stays responsive
+                await anyio.to_thread.run_sync(_load_sdk)
             for connection in self.connections:
+                if self._stopping:  # stopped while the SDK loaded: start nothing
+                    connection._fail("stopped before it was ready")
+                    continue
                 connection.spawn = self._tasks.start_soon
                 self._tasks.start_soon(connection.run)
             async with anyio.create_task_group() as waiting:
                 for connection in self.connections:
                     waiting.start_soon(self._await_start, connection)
-        except BaseException:
-            await self._close(cancel=True)
-            raise
-        for connection in self.connections:
-            if connection.state.status == "ready":
-                self._register(connection)
-            else:
-                self.report(f"MCP server `{connection.config.name}` did not start: {connection.state.error}; "
-                            "its tools are not available in this session")
-        return self
+            for connection in self.connections:
+                if connection.state.status == "ready":
+                    self._register(connection)
+                else:
+                    self.report(f"MCP server `{connection.config.name}` did not start: {connection.state.error}; "
+                                "its tools are not available in this session")
+        finally:
+            self.settled.set()
+            self._changed()
+        for callback in self.on_settled:
+            callback(list(self.tools))
+
+    def _changed(self) -> None:
+        for callback in self.on_change:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 -- a display's failure is not the servers'
+                log.exception("MCP state callback failed")
 
     async def _await_start(self, connection: _Connection) -> None:
         with anyio.move_on_after(connection.config.startup_timeout):
             await connection.ready.wait()
         if not connection.ready.is_set():
             connection.abandon(f"it did not answer within {connection.config.startup_timeout:g} s")
+        self._changed()
 
     def _register(self, connection: _Connection) -> None:
         config = connection.config
@@ -707,12 +753,34 @@ class McpServers:
     async def __aexit__(self, *exc_info: object) -> None:
         await self._close(cancel=False)
 
+    async def stop(self) -> None:
+        """Stop every server and wait until each has stopped (before the session closes); a start still under way is
+        abandoned. `close()` (or leaving `async with`) then ends the task group."""
+        self._stopping = True
+        if not self.settled.is_set():
+            for connection in self.connections:
+                connection.abandon("stopped before it was ready")
+            with anyio.CancelScope(shield=True):
+                await self.settled.wait()
+        for connection in self.connections:
+            connection.stop()
+        with anyio.CancelScope(shield=True):
+            for connection in self.connections:
+                if connection.spawn is not None:
+                    await connection.finished.wait()
+
+    async def close(self) -> None:
+        await self._close(cancel=False)
+
     async def _close(self, *, cancel: bool) -> None:
         """Stop every server (each closes its stdin, waits, then stops its process group: the SDK bounds each wait)."""
+        if self._closed:
+            return
+        self._closed = self._stopping = True
         assert self._tasks is not None
         for connection in self.connections:
             connection.stop()
-        if cancel:
+        if cancel or not self.settled.is_set():
             self._tasks.cancel_scope.cancel()
         await self._tasks.__aexit__(None, None, None)
 
