@@ -1,11 +1,12 @@
 """P8: open-to-usable. `cairn resume` of (a) an 80-turn / 2.5k-event session and (b) a session whose one answer is a
 2000-item tight list, timed from launching the real command in a real terminal (tmux, 120×40) until the session's tail
-is on screen and a typed key is echoed in the prompt. Baseline, same run: `cairn show` of the same session (a real
-process, output to a pipe), which pays the same Python start-up, imports and log load, but no terminal UI. A one-turn
-session is measured too, as the floor every `cairn resume` pays whatever the session, and so is the smallest Textual app
-that shows a line and echoes a key (`bench/_bare_textual.py`): the framework's own floor (neither is judged).
+is on screen and a typed key is echoed in the prompt. Baseline, same run (issue 29): the smallest Textual app that shows
+a line and echoes a key (`bench/_bare_textual.py`: Python, Textual's import, first frame, nothing of Cairn), timed the
+same way and interleaved with the `cairn resume` runs. Also reported: `cairn show` of the same session (a real process,
+output to a pipe: the same Python start-up and log load, no terminal UI; issue 12's baseline), and a one-turn session
+as the floor every `cairn resume` pays whatever the session (not judged).
 
-Targets (issue 12): ≤ 1.0 s each, and ≤ 3 × `cairn show` of the same session.
+Targets: issue 29, open-to-usable ≤ 1.5 × the bare Textual app for both sessions; issue 12, ≤ 1.0 s each.
 
 The screen is read with `tmux capture-pane` every few milliseconds, so a figure can be late by one poll (~5–10 ms on
 this machine); that error is small against the target and the same for every run.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from pathlib import Path
 from _common import emit, header, median, temp_dir  # noqa: E402  (puts the project on sys.path)
 
 TARGET_S = 1.0
-TARGET_RATIO = 3.0
+TARGET_RATIO = 1.5  # × the bare Textual app (issue 29); issue 12's ≤ 3 × `cairn show` is reported, not judged
 SIZE = (120, 40)
 KEYS = "zqzq"  # typed once the tail is on screen; text that is nowhere in either session
 TIMEOUT_S = 60.0
@@ -103,7 +105,13 @@ def write_session(home: Path, session_id: str, events: list, cwd: Path) -> None:
 
 
 def cairn_command() -> list[str]:
-    """The real `cairn` of this checkout's venv (the console script), else `python -m cairn.app.cli`."""
+    """The real `cairn` of this checkout's venv (the console script), else `python -m cairn.app.cli`; with
+    CAIRN_BENCH_SRC, that checkout's `cairn` (loaded as `_common` loads it: A/B-testing a change)."""
+    if os.environ.get("CAIRN_BENCH_SRC"):
+        here = Path(__file__).resolve().parent
+        launcher = (f"import sys; sys.path.insert(0, {str(here)!r}); import _common; "
+                    "from cairn.app.cli import main; sys.exit(main())")
+        return [sys.executable, "-c", launcher]
     script = Path(sys.executable).parent / "cairn"
     return [str(script)] if script.exists() else [sys.executable, "-m", "cairn.app.cli"]
 
@@ -138,7 +146,7 @@ def resume_once(tmux: Tmux, env: dict, home: Path, session_id: str, tail: str, n
                 command: str = "") -> tuple[float, float]:
     """Seconds from launch to the tail on screen, and to the typed keys echoed."""
     target = f"r{n}"
-    command = command or " ".join([*cairn_command(), "--home", str(home), "resume", session_id])
+    command = command or shlex.join([*cairn_command(), "--home", str(home), "resume", session_id])
     env_args = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
     start = time.perf_counter()
     tmux.run("new-session", "-d", "-s", target, "-x", str(SIZE[0]), "-y", str(SIZE[1]), *env_args, command)
@@ -184,48 +192,51 @@ def main() -> None:
                   f"{sum(p.stat().st_size for p in home.rglob(sid + '*')) / 1e6:.2f} MB")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "TEXTUAL"))}
         env.update(CAIRN_PROVIDER="script", CAIRN_SCRIPT=str(root / "script.json"), TERM="xterm-256color")
+        if os.environ.get("CAIRN_BENCH_SRC"):
+            env["CAIRN_BENCH_SRC"] = os.environ["CAIRN_BENCH_SRC"]
         (root / "script.json").write_text('{"responses": []}')
         tmux = Tmux(root)
+        bare_command = f"{sys.executable} {Path(__file__).with_name('_bare_textual.py')}"
         try:
             n = 0
             for label, (sid, _, tail) in sessions.items():
-                shows, tails, echoes = [], [], []
+                shows, tails, echoes, bare_tails, bare_echoes = [], [], [], [], []
                 show_once(env, home, sid)  # warm the page cache and .pyc files for both
                 for _ in range(args.runs):
                     shows.append(show_once(env, home, sid))
                     n += 1
                     shown, echoed = resume_once(tmux, {"CAIRN_PROVIDER": "script",
-                                                       "CAIRN_SCRIPT": env["CAIRN_SCRIPT"], "CAIRN_HOME": str(home)},
+                                                       "CAIRN_SCRIPT": env["CAIRN_SCRIPT"], "CAIRN_HOME": str(home),
+                                                       **{k: v for k, v in env.items() if k == "CAIRN_BENCH_SRC"}},
                                                 home, sid, tail, n)
                     tails.append(shown)
                     echoes.append(echoed)
-                f = figures[label] = {"show": median(shows), "tail": median(tails), "usable": median(echoes)}
-                print(f"P8 {label:<16} median of {args.runs}: cairn show {f['show']:.3f} s   cairn resume: tail on "
-                      f"screen {f['tail']:.3f} s, key echoed {f['usable']:.3f} s   ratio {f['usable'] / f['show']:.2f}"
-                      f"   (worst run {max(echoes):.3f} s)", flush=True)
-            bare_command = f"{sys.executable} {Path(__file__).with_name('_bare_textual.py')}"
-            tails, echoes = [], []
-            for _ in range(args.runs):
-                n += 1
-                shown, echoed = resume_once(tmux, {}, home, "", "End of answer 1.", n, bare_command)
-                tails.append(shown)
-                echoes.append(echoed)
-            bare = {"tail": median(tails), "usable": median(echoes)}
-            print(f"P8 {BARE:<16} median of {args.runs}: text on screen {bare['tail']:.3f} s, key echoed "
-                  f"{bare['usable']:.3f} s   (the framework's floor: Python, Textual's import, first frame)")
+                    n += 1  # the baseline right after, so both see the same machine (it is shared and noisy)
+                    shown, echoed = resume_once(tmux, {}, home, "", "End of answer 1.", n, bare_command)
+                    bare_tails.append(shown)
+                    bare_echoes.append(echoed)
+                f = figures[label] = {"show": median(shows), "tail": median(tails), "usable": median(echoes),
+                                      "bare_tail": median(bare_tails), "bare": median(bare_echoes)}
+                print(f"P8 {label:<16} median of {args.runs}: cairn resume: tail on screen {f['tail']:.3f} s, key "
+                      f"echoed {f['usable']:.3f} s (worst {max(echoes):.3f} s)   bare Textual app: key echoed "
+                      f"{f['bare']:.3f} s   ratio {f['usable'] / f['bare']:.2f}   (cairn show {f['show']:.3f} s, "
+                      f"× {f['usable'] / f['show']:.2f})", flush=True)
         finally:
             tmux.close()
     floor = figures.pop(FLOOR)
-    worst = max(figures, key=lambda k: figures[k]["usable"] / figures[k]["show"])
-    ok = all(f["usable"] <= TARGET_S and f["usable"] / f["show"] <= TARGET_RATIO for f in figures.values())
-    emit("p8_tui_open", figures[worst]["usable"], "s", figures[worst]["show"], target=TARGET_RATIO, ok=ok,
+    ratio = {k: f["usable"] / f["bare"] for k, f in figures.items()}
+    worst = max(figures, key=ratio.__getitem__)
+    ok = all(f["usable"] <= TARGET_S and ratio[k] <= TARGET_RATIO for k, f in figures.items())
+    emit("p8_tui_open", figures[worst]["usable"], "s", figures[worst]["bare"], target=TARGET_RATIO, ok=ok,
          worst_session=worst, target_s=TARGET_S,
          usable_s={k: round(f["usable"], 3) for k, f in figures.items()},
          tail_s={k: round(f["tail"], 3) for k, f in figures.items()},
+         bare_textual_usable_s={k: round(f["bare"], 3) for k, f in figures.items()},
+         ratios={k: round(r, 3) for k, r in ratio.items()},
          show_s={k: round(f["show"], 3) for k, f in figures.items()},
-         ratios={k: round(f["usable"] / f["show"], 3) for k, f in figures.items()},
-         floor_usable_s=round(floor["usable"], 3), floor_show_s=round(floor["show"], 3),
-         bare_textual_usable_s=round(bare["usable"], 3), runs=args.runs)
+         show_ratios={k: round(f["usable"] / f["show"], 3) for k, f in figures.items()},
+         floor_usable_s=round(floor["usable"], 3), floor_ratio=round(floor["usable"] / floor["bare"], 3),
+         runs=args.runs)
 
 
 if __name__ == "__main__":
