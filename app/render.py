@@ -56,6 +56,14 @@ def format_time(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ms / 1000))
 
 
+def human_size(size: int) -> str:
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size}{unit}" if unit == "B" else f"{size:.0f}{unit}"
+        size /= 1000  # type: ignore[assignment]
+    return f"{size:.1f}GB"
+
+
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
 USAGE_WORDS = {"input_tokens": "in", "output_tokens": "out", "cached_tokens": "cached", "reasoning_tokens": "reasoning"}
 

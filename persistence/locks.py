@@ -109,7 +109,15 @@ class SessionLock:
         return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
 
     def release(self) -> None:
+        """Remove the lock file, then let go of the flock: the file is unlinked while still held, so a process that
+        opened it meanwhile finds after its own flock that the path no longer names its inode (`_still_names`) and
+        starts again on a fresh file. Closed sessions leave no lock files behind."""
         if self._fd is not None:
+            if self._still_names(self._fd):
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass  # a read-only locks directory: the stale file is harmless, the next writer takes its flock
             os.close(self._fd)
             self._fd = None
 

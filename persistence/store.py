@@ -87,10 +87,12 @@ class SessionSummary:
 
 
 class DeferredWriter(Writer):
-    """Creates its session on the first append, so a session nobody wrote to leaves nothing on disk."""
+    """Creates its session on the first append, so a session nobody wrote to leaves nothing on disk — not even a lock
+    file: its lock is taken right before the session is created (no one can open a session that does not exist, and a
+    second creator of the same id is refused by the lock or by `create`)."""
 
-    def __init__(self, backend: Backend, header: SessionHeader) -> None:
-        self._backend, self._header = backend, header
+    def __init__(self, backend: Backend, header: SessionHeader, lock: SessionLock | None = None) -> None:
+        self._backend, self._header, self._lock = backend, header, lock
         self._writer: Writer | None = None
 
     @property
@@ -101,7 +103,14 @@ class DeferredWriter(Writer):
         if self._writer is None:
             if not batch:
                 return 0  # a barrier with nothing to write creates nothing
-            self._writer = self._backend.create(self._header)  # refuses an id that exists meanwhile
+            if self._lock is not None and not self._lock.held:
+                self._lock.acquire()
+            try:
+                self._writer = self._backend.create(self._header)  # refuses an id that exists meanwhile
+            except BaseException:
+                if self._lock is not None:
+                    self._lock.release()
+                raise
         return self._writer.append(batch, durable)
 
     def close(self) -> None:
@@ -127,9 +136,12 @@ class SessionStore:
         self.backend.check_writable()
         session_id = check_session_id(session_id) if session_id is not None else new_session_id()
         header = SessionHeader(id=session_id, created=created or time.time_ns() // 1_000_000, cwd=cwd)
+        if deferred:  # locked with its first append, when it is created (SPEC §6 rev 2: nothing on disk before)
+            lock = SessionLock(self.lock_dir, session_id, getattr(self.backend, "ops", None))
+            return OpenedSession(header, [], DeferredWriter(self.backend, header, lock), lock, [])
         lock = self._lock(session_id)
         try:
-            writer = DeferredWriter(self.backend, header) if deferred else self.backend.create(header)
+            writer = self.backend.create(header)
         except BaseException:
             lock.release()
             raise
@@ -187,11 +199,7 @@ class SessionStore:
         try:
             self.backend.delete(session_id)
         finally:
-            lock.release()
-        try:
-            (self.lock_dir / f"{session_id}.lock").unlink()
-        except OSError:
-            pass  # a stale lock file is harmless: the next writer takes its flock
+            lock.release()  # (and its lock file goes with it)
 
     def list_sessions(self) -> list[SessionSummary]:
         """Every session, newest activity first. One that cannot be read is listed as `unreadable` with the reason;

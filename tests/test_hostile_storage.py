@@ -167,7 +167,7 @@ async def test_planted_lock_symlink_is_never_followed(tmp_path, backend_name):
     await write_session(store, "s", complete_turn(1, "hi"))
     target = tmp_path / "precious.txt"
     target.write_text("do not touch\n")
-    (home / "locks" / "s.lock").unlink()  # the lock file a closed session leaves behind
+    assert not (home / "locks" / "s.lock").exists()  # a closed session leaves no lock file behind
     (home / "locks" / "s.lock").symlink_to(target)
     (home / "locks" / "new.lock").symlink_to(tmp_path / "would-be-created")
 
@@ -188,6 +188,7 @@ async def test_store_directories_are_0700_and_session_files_0600_whatever_the_um
     try:
         store = SessionStore(home, backend_name)
         opened = store.create("/w", "s")
+        lock_mode = stat.S_IMODE((home / "locks" / "s.lock").stat().st_mode)  # while the session is live
         release(opened)
     finally:
         os.umask(old)
@@ -195,7 +196,7 @@ async def test_store_directories_are_0700_and_session_files_0600_whatever_the_um
     assert {str(d): stat.S_IMODE(d.stat().st_mode) for d in dirs} == {str(d): 0o700 for d in dirs}
     data = home / "sessions" / "s.jsonl" if backend_name == "jsonl" else home / "sessions.sqlite3"
     assert stat.S_IMODE(data.stat().st_mode) == 0o600
-    assert stat.S_IMODE((home / "locks" / "s.lock").stat().st_mode) == 0o600
+    assert lock_mode == 0o600
 
 
 # -- 3. listing and opening never trust the directory ---------------------------------------------------------------

@@ -102,6 +102,11 @@ def has(app: CairnApp, kind: str) -> bool:
     return kind in types_of(app.session.events)
 
 
+def cells_by_column(table, key) -> dict[str, str]:
+    """A table row as {column label: cell text}: tests name the columns they read, not their places."""
+    return {str(column.label): str(cell) for column, cell in zip(table.columns.values(), table.get_row(key))}
+
+
 def notifications(app: CairnApp) -> list[str]:
     return [n.message for n in app._notifications]
 
@@ -392,7 +397,7 @@ async def test_resume_screen_lists_repaired_calls_and_its_verdict_lands_before_t
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.screen is screen, "back on the resume screen")
         assert screen.calls[0].verdict == "did_not_happen"
-        assert str(table.get_row(DEPLOY.call_id)[4]) == "did_not_happen"
+        assert cells_by_column(table, DEPLOY.call_id)["verdict"] == "did_not_happen"
         # durable when the dialog closed (SPEC §2 rev 3), before Continue: on disk, not only in memory
         assert [e.verdict for e in world.log("crashed-id") if isinstance(e, RecoveryVerdict)] == ["did_not_happen"]
 
@@ -465,11 +470,12 @@ async def test_sessions_screen_lists_sessions_and_refuses_to_open_a_live_locked_
         async with running(app) as pilot:
             screen = await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen, "sessions")
             table = screen.query_one(DataTable)
-            rows = {key.value: [str(cell) for cell in table.get_row(key)] for key in table.rows}
+            rows = {key.value: cells_by_column(table, key) for key in table.rows}
             assert set(rows) == {"older", "held"}
-            assert rows["held"][:3] == ["someone else's session", "live", "7"]  # the words `cairn sessions` uses
-            assert rows["older"][:3] == ["list the files", "completed", "7"]
-            assert rows["older"][4:] == ["older", "/workspace"]
+            order = ("first prompt", "status", "events")
+            assert [rows["held"][c] for c in order] == ["someone else's session", "live", "7"]  # `cairn sessions` words
+            assert [rows["older"][c] for c in order] == ["list the files", "completed", "7"]
+            assert [rows["older"][c] for c in ("id", "cwd")] == ["older", "/workspace"]
 
             table.move_cursor(row=table.get_row_index("held"))
             await pilot.press("enter")
@@ -493,8 +499,8 @@ async def test_sessions_screen_lists_an_unreadable_file_and_refuses_to_open_or_i
     async with running(app) as pilot:
         screen = await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen, "sessions")
         table = screen.query_one(DataTable)
-        rows = {key.value: [str(cell) for cell in table.get_row(key)] for key in table.rows}
-        assert set(rows) == {"older", "broken"} and rows["broken"][1] == "unreadable"
+        rows = {key.value: cells_by_column(table, key) for key in table.rows}
+        assert set(rows) == {"older", "broken"} and rows["broken"]["status"] == "unreadable"
         table.move_cursor(row=table.get_row_index("broken"))
         for key in ("enter", "i"):
             await pilot.press(key)
@@ -542,7 +548,7 @@ async def test_ctrl_o_opens_the_sessions_screen_from_the_chat_and_escape_returns
         await pilot.press("ctrl+o")
         screen = await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen, "sessions")
         table = screen.query_one(DataTable)
-        assert str(table.get_row(SESSION_ID)[1]) == "open here"
+        assert cells_by_column(table, SESSION_ID)["status"] == "open here"
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.screen is app.chat, "the chat again")
         assert app.session.live
@@ -566,7 +572,7 @@ async def test_sessions_and_resume_screens_show_brackets_verbatim_not_as_markup(
     async with running(app) as pilot:
         screen = await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen) and app.screen, "sessions")
         await pilot.pause()
-        assert str(screen.query_one(DataTable).get_row("brackets")[0]) == "why does arr[i] fail with [/tmp]?"
+        assert cells_by_column(screen.query_one(DataTable), "brackets")["first prompt"] == "why does arr[i] fail with [/tmp]?"
         assert app.is_running
         await pilot.press("ctrl+q")
 

@@ -35,7 +35,7 @@ from cairn.app.agent.approval import Grants, command_prefix_covers
 from cairn.app.agent.previews import preview_parts
 from cairn.app.history import PromptHistory, history_path, redact
 from cairn.app.screens import approval as approval_module
-from cairn.app.screens.approval import ApprovalModal
+from cairn.app.screens.approval import ApprovalModal, Choices
 from cairn.app.screens.confirm import ConfirmDialog
 from cairn.app.screens.help import HelpScreen
 from cairn.app.screens.resume import ResumeScreen, process_state
@@ -168,10 +168,7 @@ def send_mouse(app: CairnApp, kind: type, x: int, y: int) -> None:
 
 
 def choice_at(modal: ApprovalModal, option_id: str) -> tuple[int, int]:
-    choices = modal.query_one("#choices", OptionList)
-    index = next(i for i in range(choices.option_count) if choices.get_option_at_index(i).id == option_id)
-    region = choices.content_region
-    return region.x + 3, region.y + index - int(choices.scroll_y)
+    return modal.query_one("#choices", Choices).offset_of(option_id)
 
 
 async def click(app: CairnApp, at: tuple[int, int], held: float = 0.05) -> None:
@@ -197,7 +194,7 @@ async def test_a_click_on_a_choice_right_after_the_modal_opens_decides_nothing(t
         await click(app, allow)
         assert time.monotonic() - modal.opened_at < 1.5, "the click came after the grace period"
         assert app.screen is modal and decisions(app) == []
-        assert modal.query_one("#choices", OptionList).highlighted is None  # not even highlighted
+        assert modal.query_one("#choices", Choices).highlighted is None  # not even highlighted
         # pressed inside the grace period, released after it: still not a decision
         send_mouse(app, events.MouseDown, *allow)
         await wait_for(pilot, lambda: modal.armed, "the grace period to end")
@@ -268,9 +265,10 @@ async def test_a_long_preview_scrolls_and_the_choices_stay_on_screen_at_80x24(tm
     async with running(app, (80, 24)) as pilot:
         await submit(pilot, "write it")
         modal = await approval_ready(pilot, app)
-        choices = modal.query_one("#choices", OptionList)
+        choices = modal.query_one("#choices", Choices)
         preview = modal.query_one("#preview")
-        assert choices.region.bottom <= 24 and choices.region.height >= choices.option_count  # every choice visible
+        assert choices.region.bottom <= 24 and choices.region.height == 1  # every choice visible, on one line
+        assert preview.content_region.height >= 10
         assert preview.max_scroll_y > 0 and preview.scroll_y == 0
         await pilot.press("pagedown")
         await wait_for(pilot, lambda: preview.scroll_y > 0, "the preview to scroll")
@@ -705,7 +703,7 @@ async def test_a_compound_command_is_never_offered_a_prefix_grant(tmp_path, comm
         await submit(pilot, "go")
         modal = await approval_ready(pilot, app)
         assert modal.prefix == ""
-        choices = modal.query_one("#choices", OptionList)
+        choices = modal.query_one("#choices", Choices)
         offered = [choices.get_option_at_index(i).id for i in range(choices.option_count)]
         assert offered == ["allowed_once", "allowed_session", "denied", "note"], offered
         await pilot.press("p")  # does nothing: the dialog stays open

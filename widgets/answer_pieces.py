@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 LIVE_LIMIT = 1000  # characters in the live piece before its finished part is sealed
+# A paragraph is cut between its lines only past this length: each piece is its own paragraph, so a cut inside one ends
+# a line early (Markdown rewraps soft line breaks); below it the paragraph stays whole and wraps at word boundaries.
+PARAGRAPH_LIMIT = 8 * LIVE_LIMIT
 LIST_ITEM = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
 FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
 TABLE_DELIM = re.compile(r"\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?\s*$")
@@ -65,6 +68,7 @@ class Sealer:
         self._table_look: TableLook | None = None
         self._prev = "blank"  # kind of the last line looked at
         self._prev_line = ""
+        self._text_from = 0  # offset in body where the current run of paragraph lines began
 
     def feed(self, text: str) -> list[Piece]:
         """Add text; return the pieces it finished (the live rest stays in `prefix` + `body`)."""
@@ -115,8 +119,11 @@ class Sealer:
                 kind = "item"
             elif (self._prev in ("text", "quote", "heading") and not blank and not indented
                   and not SETEXT.match(line) and not TABLE_DELIM.match(line)):
-                kind = "line"
+                kind = "line" if self._prev != "text" or start - self._text_from > PARAGRAPH_LIMIT else ""
+            before = self._prev
             self._classify(line, blank, indented)
+            if self._prev == "text" and before != "text":
+                self._text_from = start
         if kind:
             self._cut = (start, kind)
         self._prev_line = line
@@ -173,6 +180,7 @@ class Sealer:
         self.gap = kind == "gap"
         self.prefix, self.body, self.first_table = prefix, rest, first_table
         self._scanned -= at
+        self._text_from -= at
         self._cut = None
         return piece
 

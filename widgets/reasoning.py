@@ -8,6 +8,7 @@ Text is made terminal-safe on the way in (`safe_text`) and shown as plain text, 
 
 from __future__ import annotations
 
+from textual.binding import Binding
 from textual.widgets import Collapsible, Static
 
 from cairn.widgets.terminal_text import safe_text
@@ -29,6 +30,10 @@ class ReasoningPiece(Static):
 
 
 class ReasoningBlock(Collapsible):
+    """Its title is a Tab stop: Enter or Space opens and folds it (Ctrl+T does it for the latest block)."""
+
+    BINDINGS = [Binding("space", "toggle_fold", show=False)]
+
     DEFAULT_CSS = """
     ReasoningBlock { background: transparent; border-top: none; padding: 0; margin: 0 0 0 1; color: $text-muted; }
     ReasoningBlock > CollapsibleTitle { color: $text-muted; text-style: italic; padding: 0; }
@@ -57,15 +62,17 @@ class ReasoningBlock(Collapsible):
             await self._sync()
 
     async def finish(self, text: str | None = None, note: str = "") -> None:
-        """The step's reasoning is complete (its answer started, or its message arrived): collapse, final title. `text`
+        """The step's reasoning is complete (its answer started, or its message arrived): final title. `text`
         is the stored reasoning when known; it replaces what was streamed if they differ."""
         if text is not None and safe_text(text) != self.text:
             self.text = safe_text(text)
             await self._reset_body()
         self.streaming = False
         self.note = note or self.note
-        self.collapsed = True
-        self.title = self._title_text()
+        self.title = self._title_text()  # folded unless the operator opened it (Ctrl+T): then it stays open
+
+    def action_toggle_fold(self) -> None:
+        self.collapsed = not self.collapsed
 
     async def watch_collapsed(self, collapsed: bool) -> None:
         if not collapsed:

@@ -76,18 +76,29 @@ class StatusBar(Static):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(markup=False, **kwargs)  # type: ignore[arg-type]
 
+    # The parts in the order they go when the line is too long: least important first. Durability ("durable through
+    # seq N") never goes and is never cut; the turn state goes last.
+    DROP_ORDER = (2, 1, 0, 5, 4)
+
     def render(self) -> str:
-        """All parts when they fit; on a narrow terminal the separators tighten, then the backend and the provider
-        go (both are on the sessions screen and in the welcome line), so turn state, grants, usage and durability
-        stay."""
+        """All parts when they fit; on a narrow terminal the separators tighten, then parts go, least important first
+        (backend, provider, session id — all on the sessions screen — then usage, then grants), so the turn state and
+        durability stay; the turn state alone is shortened if even that is too long."""
         width = self.content_region.width or 1_000
         allowed = f"allowed: {self.grants}" if self.grants else ""
         parts = [self.session_id, self.provider, self.backend, self.activity, allowed, self.usage, self.durability]
         line = "  │  ".join(p for p in parts if p)
-        for dropped in ((), (2,), (1, 2)):
+        dropped: set[int] = set()
+        for index in (None, *self.DROP_ORDER):
+            if index is not None:
+                dropped.add(index)
             if len(line) <= width:
                 break
             line = " │ ".join(p for i, p in enumerate(parts) if p and i not in dropped)
+        if len(line) > width and self.activity and self.durability:
+            room = max(1, width - len(self.durability) - 3)
+            activity = self.activity if len(self.activity) <= room else self.activity[: room - 1] + "…"
+            line = f"{activity} │ {self.durability}" if room > 1 else self.durability
         return safe_text(line)
 
     def watch_failed(self, failed: bool) -> None:

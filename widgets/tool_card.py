@@ -12,10 +12,12 @@ widgets as `Text` or with markup off, never parsed as markup.
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Collapsible, Static
+from textual.widgets._collapsible import CollapsibleTitle
 
 from .terminal_text import safe_text, summarize_arguments
 
@@ -56,7 +58,11 @@ def status_for(error_code: str | None) -> str:
     return ERROR_STATUS.get(error_code, "error")
 
 
-class ToolCard(Vertical):
+class ToolCard(Vertical, can_focus=True):
+    """Focusable (Tab / Shift+Tab move through the cards): Enter or Space expands and collapses its output."""
+
+    BINDINGS = [Binding("enter,space", "toggle_output", "Output", show=False)]
+
     DEFAULT_CSS = """
     ToolCard { height: auto; border: round $primary 40%; padding: 0 1; margin: 0 0 1 2; }
     ToolCard .title { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
@@ -66,6 +72,7 @@ class ToolCard(Vertical):
     ToolCard.-outcome-unknown { border: heavy $error; }
     ToolCard.-truncated { border: round $warning; }
     ToolCard Collapsible { padding: 0; border: none; }
+    ToolCard:focus { background: $boost; border-left: thick $accent; }
     """
 
     status: reactive[str] = reactive("running")
@@ -86,7 +93,13 @@ class ToolCard(Vertical):
 
     def on_mount(self) -> None:
         self._collapsible.display = False
+        for title in self._collapsible.query(CollapsibleTitle):
+            title.can_focus = False  # the card itself is the one Tab stop
         self._refresh_title()
+
+    def action_toggle_output(self) -> None:
+        if self._collapsible.display:
+            self._collapsible.collapsed = not self._collapsible.collapsed
 
     def watch_status(self, old: str, new: str) -> None:
         self.remove_class(f"-{old.replace(' ', '-')}")

@@ -429,11 +429,18 @@ def turn_notice(event: TurnEnd) -> Notice:
 
 
 def compaction_block(event: ContextCompaction) -> Widget:
-    """Where the conversation was compacted: one folded line; expanded, the summary the model now reads instead of
-    the turns above, and the recovery facts carried verbatim."""
+    """Where the conversation was compacted: one folded line (a Tab stop: Enter or Space opens it); expanded, the
+    summary the model now reads instead of the turns above, and the recovery facts carried verbatim."""
+    from textual.binding import Binding
     from textual.widgets import Collapsible
+
+    class CompactionBlock(Collapsible):
+        BINDINGS = [Binding("space", "toggle_fold", show=False)]
+
+        def action_toggle_fold(self) -> None:
+            self.collapsed = not self.collapsed
 
     carried = f", {len(event.carried)} recovery fact(s) kept verbatim" if event.carried else ""
     title = f"context compacted: the model now reads a summary of the turns above{carried}"
     body = Static(safe_text(event.summary), markup=False, classes="compaction-summary")
-    return Collapsible(body, title=safe_text(title), collapsed=True, classes="compaction")
+    return CompactionBlock(body, title=safe_text(title), collapsed=True, classes="compaction")

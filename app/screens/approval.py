@@ -13,16 +13,20 @@ choices stay on screen whatever its length.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from rich.text import Text
 from textual.markup import escape
+from textual.message import Message
+from textual.reactive import reactive
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, Label, OptionList, Static
-from textual.widgets.option_list import Option
+from textual.widget import Widget
+from textual.widgets import Footer, Input, Label, Static
 
 from cairn.widgets.terminal_text import safe_text
 
@@ -33,25 +37,123 @@ OPEN_GRACE = 0.4  # seconds after the modal opens during which no key decides it
 TYPING_GAP = 0.3  # keys closer together than this are one typing burst
 
 # the keys the modal answers once armed; anything else is typing and goes to the prompt
-MODAL_KEYS = frozenset({"a", "s", "p", "d", "n", "escape", "enter", "up", "down", "pageup", "pagedown", "home", "end",
-                        "tab", "shift+tab", "ctrl+home", "ctrl+end"})
+MODAL_KEYS = frozenset({"a", "s", "p", "d", "n", "escape", "enter", "up", "down", "left", "right", "pageup", "pagedown",
+                        "home", "end", "tab", "shift+tab", "ctrl+home", "ctrl+end"})
 
 
-class Choices(OptionList):
-    """The modal's choices; a click counts only when the modal would take a key at the moment the button went down
-    and at the moment it came up (a press begun in the grace period or mid-typing is no decision)."""
+@dataclass(frozen=True)
+class Choice:
+    id: str
+    key: str
+    label: str  # as wide as the line allows
+    short: str  # when the long labels do not fit on one line
 
-    _pressed_at: float | None = None
+
+class Choices(Widget, can_focus=True):
+    """The modal's choices on one line at the bottom (so the preview keeps the height): ←→ (or Tab) move the
+    highlight, Enter takes it, a letter takes its choice. Nothing is highlighted at first, so Enter decides only what
+    was chosen. A click counts only when the modal would take a key at the moment the button went down and at the
+    moment it came up (a press begun in the grace period or mid-typing is no decision)."""
+
+    DEFAULT_CSS = """
+    Choices { height: auto; width: 1fr; }
+    Choices:focus { background-tint: $foreground 4%; }
+    """
+
+    BINDINGS = [
+        Binding("left,up", "move(-1)", "Previous", show=False),
+        Binding("right,down", "move(1)", "Next", show=False),
+        Binding("enter", "select", "Choose", show=False),
+    ]
+
+    highlighted: reactive[int | None] = reactive(None)
+    GAP = 3
+
+    class Selected(Message):
+        def __init__(self, choices: "Choices", choice: Choice) -> None:
+            super().__init__()
+            self.choices = choices
+            self.choice = choice
+
+        @property
+        def control(self) -> "Choices":
+            return self.choices
+
+    def __init__(self, *choices: Choice, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.choices = list(choices)
+        self._pressed_at: float | None = None
+
+    @property
+    def option_count(self) -> int:
+        return len(self.choices)
+
+    def get_option_at_index(self, index: int) -> Choice:
+        return self.choices[index]
+
+    def labels(self, width: int | None = None) -> list[str]:
+        """The long labels when they all fit on one line of `width`, else the short ones."""
+        width = width if width is not None else (self.content_region.width or 1_000)
+        long = [f"{c.key} {c.label}" for c in self.choices]
+        if sum(map(len, long)) + self.GAP * (len(long) - 1) <= width:
+            return long
+        return [f"{c.key} {c.short}" for c in self.choices]
+
+    def spans(self) -> list[tuple[int, int]]:
+        """Each choice's columns (start, end) on the line, relative to the widget's content."""
+        spans, x = [], 0
+        for label in self.labels():
+            spans.append((x, x + len(label)))
+            x += len(label) + self.GAP
+        return spans
+
+    def offset_of(self, choice_id: str) -> tuple[int, int]:
+        """Screen coordinates inside the choice's label (where a click on it lands)."""
+        index = next(i for i, c in enumerate(self.choices) if c.id == choice_id)
+        region = self.content_region
+        return region.x + self.spans()[index][0] + 1, region.y
+
+    def render(self) -> Text:
+        line = Text(no_wrap=False, overflow="fold")
+        for i, label in enumerate(self.labels()):
+            if i:
+                line.append(" " * self.GAP)
+            key, _, rest = label.partition(" ")
+            style = "reverse" if i == self.highlighted else ""
+            line.append(key, style=f"bold {style}".strip())
+            line.append(" " + rest, style=style)
+        return line
+
+    def get_content_height(self, container, viewport, width: int) -> int:  # type: ignore[override]
+        return max(1, -(-sum(len(l) + self.GAP for l in self.labels(width)) // max(1, width)))
+
+    def action_move(self, step: int) -> None:
+        count = len(self.choices)
+        self.highlighted = (0 if step > 0 else count - 1) if self.highlighted is None else (
+            (self.highlighted + step) % count)
+
+    def action_select(self) -> None:
+        if self.highlighted is not None:
+            self.post_message(self.Selected(self, self.choices[self.highlighted]))
+
+    def watch_highlighted(self) -> None:
+        self.refresh()
 
     def _on_mouse_down(self, event: events.MouseDown) -> None:
         self._pressed_at = event.time
 
-    async def _on_click(self, event: events.Click) -> None:
+    def _on_click(self, event: events.Click) -> None:
         pressed_at, self._pressed_at = self._pressed_at, None
+        event.stop()
         modal = self.screen
         if isinstance(modal, ApprovalModal) and not modal.takes_click(pressed_at, event.time):
-            event.stop()
-            event.prevent_default()  # OptionList's own click (highlight and select) never runs
+            return
+        x = event.x - (self.content_region.x - self.region.x)
+        for index, (start, end) in enumerate(self.spans()):
+            if start <= x < end and event.y == 0:
+                self.highlighted = index
+                self.post_message(self.Selected(self, self.choices[index]))
+                return
 
 
 class ApprovalModal(ModalScreen[ApprovalAnswer]):
@@ -63,8 +165,8 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
     ApprovalModal > #dialog { width: 92%; max-width: 120; height: auto; max-height: 92%; border: thick $warning;
                               background: $surface; padding: 0 1; }
     ApprovalModal #title { text-style: bold; }
-    ApprovalModal #preview { height: auto; max-height: 1fr; margin: 1 0 0 0; border: round $panel-lighten-2; }
-    ApprovalModal #choices { height: auto; max-height: 7; border: none; padding: 0; margin-top: 1; }
+    ApprovalModal #preview { height: auto; max-height: 1fr; border: round $panel-lighten-2; }
+    ApprovalModal #choices { margin-top: 1; }
     ApprovalModal #note { display: none; }
     ApprovalModal #note.-visible { display: block; }
     ApprovalModal #guard { color: $text-muted; height: 1; }
@@ -99,25 +201,22 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
             with VerticalScroll(id="preview"):
                 yield Static(render_parts(preview_parts(r.name, r.arguments, self.workspace)), id="arguments")
             yield Choices(*self._options(), id="choices")
-            yield Input(placeholder="why not? the model is told this with the denial (enter sends, esc back)",
-                        id="note")
+            yield Input(placeholder="why not? (the model is told; Enter sends, Esc goes back)", id="note")
             yield Static("", id="guard", markup=False)
         yield Footer()
 
-    def _options(self) -> list[Option]:
+    def _options(self) -> list[Choice]:
         name = safe_text(self.request.name)
-        options = [Option("a  Allow once", id="allowed_once"),
-                   Option(f"s  Allow {name} for the rest of this session (every call)", id="allowed_session")]
+        options = [Choice("allowed_once", "a", "Allow once", "once"),
+                   Choice("allowed_session", "s", f"Allow {name} for this session", "session")]
         if self.prefix:
-            options.append(Option(f"p  Allow commands starting with `{safe_text(self.prefix)}` for this session",
-                                  id="allowed_prefix"))
-        options += [Option("d  Deny", id="denied"), Option("n  Deny, and tell the model why…", id="note")]
+            prefix = safe_text(self.prefix)
+            options.append(Choice("allowed_prefix", "p", f"Allow `{prefix} …` for this session", f"`{prefix} …`"))
+        options += [Choice("denied", "d", "Deny", "deny"), Choice("note", "n", "Deny with a note…", "deny + note")]
         return options
 
     def on_mount(self) -> None:
-        choices = self.query_one("#choices", OptionList)
-        choices.highlighted = None  # nothing preselected: Enter decides only what was chosen
-        choices.focus()
+        self.query_one("#choices", Choices).focus()  # nothing highlighted: Enter decides only what was chosen
         self._show_guard()
         self.set_interval(0.1, self._show_guard)
         self._fit_preview()
@@ -126,11 +225,12 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
         self._fit_preview()
 
     def _fit_preview(self) -> None:
-        """The preview gets what the title, the choices, the note, the hint and the footer leave: however long it
-        is, the choices stay on screen (it scrolls instead)."""
-        choices = len(self._options())
+        """The preview gets what the title, the choices' line, the note, the hint and the footer leave: however long
+        it is, the choices stay on screen (it scrolls instead)."""
+        choices = self.query_one("#choices", Choices)
+        lines = choices.get_content_height(None, None, choices.content_region.width) if choices.size.width else 1
         note = 3 if self.query_one("#note", Input).has_class("-visible") else 0
-        fixed = 2 + 1 + 1 + 2 + 1 + choices + note + 1 + 1 + 2  # borders, title, margins, choices, hint, footer
+        fixed = 2 + 1 + 2 + 1 + lines + note + 1  # borders, title, preview border, margin, choices, hint
         limit = int(self.size.height * 0.92) if self.size.height else 20
         self.query_one("#preview").styles.max_height = max(3, limit - fixed)
 
@@ -168,7 +268,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
         if refused and self.armed:
             text = "That click came too soon to count: click again (or press a key) to choose"
         elif self.armed:
-            text = "Choose with a key or ↑↓ and Enter · PgUp/PgDn scroll the preview"
+            text = "Choose with a key, or ←→ and Enter · PgUp/PgDn scroll the preview"
         else:
             text = "Your typing goes to the prompt; choose once you stop typing"
         guard = self.query_one("#guard", Static)
@@ -177,12 +277,12 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
 
     # -- deciding ---------------------------------------------------------------------------------------------------
 
-    @on(OptionList.OptionSelected, "#choices")
-    def chosen(self, event: OptionList.OptionSelected) -> None:
-        if event.option.id == "note":
+    @on(Choices.Selected, "#choices")
+    def chosen(self, event: Choices.Selected) -> None:
+        if event.choice.id == "note":
             self.action_note()
         else:
-            self.action_decide(event.option.id or "denied")
+            self.action_decide(event.choice.id)
 
     def action_decide(self, choice: str) -> None:
         if self.query_one("#note", Input).has_focus:
@@ -212,7 +312,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
             getattr(event, "prevent_default")()
             note.remove_class("-visible")
             self._fit_preview()
-            self.query_one("#choices", OptionList).focus()
+            self.query_one("#choices", Choices).focus()
 
     def action_scroll_preview(self, direction: int) -> None:
         preview = self.query_one("#preview", VerticalScroll)

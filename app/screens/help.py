@@ -24,6 +24,9 @@ KEYS = (
     ("chat", "Esc Esc", "on an empty prompt between turns: rewind (the same as /rewind)"),
     ("chat", "PageUp / PageDown", "scroll the transcript (Home / End from an empty prompt: top / bottom)"),
     ("chat", "Ctrl+T", "open or fold the latest reasoning block"),
+    ("chat", "Tab / Shift+Tab", "move between the prompt, tool cards, reasoning blocks and compaction lines"),
+    ("chat", "Enter / Space", "on a tool card: expand or collapse its output; on a reasoning block or a compaction "
+                              "line: open or fold it"),
     ("chat", "Ctrl+O", "sessions (asks first if a turn is running)"),
     ("chat", "Ctrl+P", "command palette: the slash commands, themes (the theme you pick is kept)"),
     ("chat", "F1 / ?", "this help (? in an empty prompt)"),
@@ -32,7 +35,7 @@ KEYS = (
     ("approval", "p", "run_command only: allow commands starting with the same word (no ; | & $ > in them)"),
     ("approval", "d / Esc", "deny"),
     ("approval", "n", "deny, and type a note the model receives"),
-    ("approval", "↑↓ Enter, PgUp/PgDn", "choose; scroll the preview. Keys typed while you were typing go to "
+    ("approval", "←→ Enter, PgUp/PgDn", "choose; scroll the preview. Keys typed while you were typing go to "
                                        "the prompt, never to the approval; a click counts only once you stopped "
                                        "typing and the dialog has been open 0.4 s"),
     ("resume", "↑ / ↓", "choose a recovered call: its detail pane shows everything about it"),

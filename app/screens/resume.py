@@ -157,7 +157,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
     ResumeScreen #context { height: 1fr; min-height: 1; max-height: 7; color: $text-muted; }
     ResumeScreen #context Markdown { margin: 0; padding: 0; background: transparent; }
     ResumeScreen #context MarkdownParagraph { margin: 0; }
-    ResumeScreen DataTable { height: auto; max-height: 13; min-height: 2; }
+    ResumeScreen DataTable { height: auto; max-height: 13; min-height: 2; overflow-x: hidden; }
     ResumeScreen #detail { height: 2fr; min-height: 3; border: round $panel-lighten-2; }
     ResumeScreen #continue { margin-top: 0; }
     """
@@ -165,8 +165,8 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
     BINDINGS = [
         Binding("v", "verdict", "Record verdict"),
         Binding("e", "accept_evidence", "Accept evidence"),
-        Binding("c", "continue", "Continue"),
-        Binding("i", "inspect", "Inspect log", show=False),
+        Binding("c", "continue", "Continue to the chat"),
+        Binding("i", "inspect", "Inspect log"),
         Binding("pageup", "scroll_detail(-1)", "Scroll detail", show=False, priority=True),
         Binding("pagedown", "scroll_detail(1)", "Scroll detail", show=False, priority=True),
     ]
@@ -184,6 +184,13 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         self.cancelled = cancelled
         self._saving = False
         self._key_times: list[float] = []  # recent printable keys: `e` in a burst of typing decides nothing
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Footer keys that are true: v and e only while some call is OUTCOME_UNKNOWN (a NOT_STARTED call takes no
+        verdict); `c` and the detail's keys always."""
+        if action in ("verdict", "accept_evidence"):
+            return any(c.status == "OUTCOME_UNKNOWN" for c in self.calls)
+        return True
 
     def on_key(self, event: Any) -> None:
         if event.character and event.character.isprintable():
@@ -209,49 +216,74 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        width, self._narrow = self._arguments_width()
-        names = list(self.COLUMNS if not self._narrow else self.NARROW_COLUMNS)
-        if width < 9:
-            names[names.index("arguments")] = "args"
-        keys = dict(zip(self.COLUMNS if not self._narrow else self.NARROW_COLUMNS, table.add_columns(*names)))
-        self._verdict_column = keys["verdict"]
-        for call in self.calls:
-            table.add_row(*self._cells(call, width, self._narrow), key=call.call_id)
-        table.focus()
+        self._fill_table()
+        self.query_one(DataTable).focus()
         self._show_told(0)
 
-    # The full order, when every column fits beside arguments 24 wide; else safety goes last (it scrolls off, and the
-    # detail pane says it) so that at 80 columns tool, status, evidence, verdict and call id stay on screen.
-    COLUMNS = ("tool", "arguments", "safety", "status", "evidence", "verdict", "call id")
-    NARROW_COLUMNS = ("tool", "arguments", "status", "evidence", "verdict", "call id", "safety")
+    def _fill_table(self) -> None:
+        """(Re)build the table with column widths that fit the screen: called again when a verdict changes a width."""
+        table = self.query_one(DataTable)
+        row = table.cursor_row if table.row_count else 0
+        table.clear(columns=True)
+        widths = self.column_widths()
+        self._narrow = "safety" not in widths  # the detail pane then says the safety
+        names = {"arguments": "args" if widths["arguments"] < 9 else "arguments"}
+        for name, width in widths.items():
+            table.add_column(names.get(name, name), width=width)
+        for call in self.calls:
+            table.add_row(*self._cells(call, widths), key=call.call_id)
+        if self.calls:
+            table.move_cursor(row=min(row, len(self.calls) - 1), animate=False)
 
-    def _arguments_width(self) -> tuple[int, bool]:
-        """The arguments column gets what the others leave, and whether the narrow order (safety last) is used: the
-        full order when it leaves arguments 24 characters, else arguments shrink first (to 4)."""
-        inner = int(self.app.size.width * 0.98) - 5  # the frame's border and padding, and a column of slack
-        widest = {h: max([len(h), *(len(c) for c in cells)]) + 2 for h, cells in (
+    # The full order, when every column fits beside arguments 24 wide; else safety goes (the detail pane says it) and
+    # arguments shrink first, so that at 80 columns tool, status, evidence, verdict and call id stay on screen.
+    COLUMNS = ("tool", "arguments", "safety", "status", "evidence", "verdict", "call id")
+    NARROW_COLUMNS = ("tool", "arguments", "status", "evidence", "verdict", "call id")
+    VERDICT_WORDS = ("happened", "did_not_happen", "unknown")
+
+    def column_widths(self) -> dict[str, int]:
+        """Each column's width (without its padding of one each side), in the order shown. Arguments get what the
+        others leave (at least 4); the verdict column is as wide as the verdicts recorded (whole words from 120
+        columns); when even that does not fit, evidence and verdict are cut (to 8) before call id or status."""
+        inner = int(self.app.size.width * 0.98) - 4 - 1  # the frame's border and padding, and a column of slack
+        unknown = any(c.status == "OUTCOME_UNKNOWN" for c in self.calls)
+        widest = {h: max([len(h), *(len(c) for c in cells)]) for h, cells in (
             ("tool", [c.tool for c in self.calls]), ("safety", [c.safety for c in self.calls]),
             ("status", [c.status for c in self.calls]), ("evidence", [c.evidence or "—" for c in self.calls]),
-            ("verdict", ["— (press v)"]), ("call id", [c.call_id for c in self.calls]))}
-        full = sum(widest.values())
-        if inner - full - 2 >= 24:
-            return inner - full - 2, False
-        widest["verdict"] = len("— (v)") + 2
-        visible = sum(widest[h] for h in self.NARROW_COLUMNS if h not in ("arguments", "safety"))
-        return max(4, inner - visible - 2), True
+            ("verdict", [*(("— (press v)", *self.VERDICT_WORDS) if unknown else ()), *(c.verdict for c in self.calls)]),
+            ("call id", [c.call_id for c in self.calls]))}
+        if not unknown:  # every call NOT_STARTED: no evidence, no verdict to take
+            del widest["evidence"], widest["verdict"]
+        full = [h for h in self.COLUMNS if h == "arguments" or h in widest]
+        padding = 2 * len(full)
+        if inner - sum(widest.values()) - padding >= 24:
+            widths = {h: widest.get(h, 0) for h in full}
+            widths["arguments"] = inner - sum(widest.values()) - padding
+            return widths
+        if not unknown:
+            widths = {h: widest.get(h, 0) for h in self.NARROW_COLUMNS if h == "arguments" or h in widest}
+            widths["arguments"] = max(4, inner - sum(widths.values()) - 2 * len(widths))
+            return widths
+        widest["verdict"] = max([len("verdict"), len("— (v)") if unknown else 0, *(len(c.verdict) for c in self.calls)])
+        padding = 2 * len(self.NARROW_COLUMNS)
+        for cut in ("evidence", "verdict"):
+            over = sum(widest[h] for h in self.NARROW_COLUMNS if h != "arguments") + padding + 4 - inner
+            if over > 0:
+                widest[cut] = max(8, widest[cut] - over)
+        widths = {h: widest.get(h, 0) for h in self.NARROW_COLUMNS}
+        widths["arguments"] = max(4, inner - sum(widths.values()) - padding)
+        return widths
 
-    @staticmethod
-    def _cells(call: RecoveredCall, width: int = 28, narrow: bool = False) -> tuple[Text, ...]:
+    def _cells(self, call: RecoveredCall, widths: dict[str, int]) -> tuple[Text, ...]:
         """As terminal-safe `Text`, never markup: a plain string cell would be parsed as markup, and arguments from the
         model (`ls [/tmp]`) would be mangled or crash the screen; an ESC in them would reach the terminal."""
-        hint = "— (v)" if narrow else "— (press v)"
+        hint = "— (v)" if "safety" not in widths else "— (press v)"
         verdict = call.verdict or (hint if call.status == "OUTCOME_UNKNOWN" else "")
         evidence = call.evidence or ("—" if call.status == "OUTCOME_UNKNOWN" else "")
-        cells = {"tool": call.tool, "arguments": summarize_arguments(call.arguments, width), "safety": call.safety,
-                 "status": call.status, "evidence": evidence, "verdict": verdict, "call id": call.call_id}
-        order = ResumeScreen.NARROW_COLUMNS if narrow else ResumeScreen.COLUMNS
-        return tuple(Text(safe_text(cells[name])) for name in order)
+        cells = {"tool": call.tool, "arguments": summarize_arguments(call.arguments, widths["arguments"]),
+                 "safety": call.safety, "status": call.status, "evidence": evidence, "verdict": verdict,
+                 "call id": call.call_id}
+        return tuple(Text(safe_text(cells[name]), no_wrap=True, overflow="ellipsis") for name in widths)
 
     def detail(self, call: RecoveredCall) -> Text:
         """The detail pane's words (besides the preview): what the model will be told and the process's state."""
@@ -259,6 +291,8 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         if call.evidence:  # first: it is what the operator decides on
             lines.append(f"Cairn checked: {call.evidence} — {call.evidence_detail}"
                          + (" (press e to take this as your verdict)" if not call.verdict else ""))
+        if getattr(self, "_narrow", False):
+            lines.append(f"Safety: {call.safety}")
         lines.append(f"The model will be told: {call.told}")
         if call.tool == "run_command":
             if call.pid is None:
@@ -299,7 +333,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             if result is None:
                 return
             call.verdict, call.note = result
-            table.update_cell(call.call_id, self._verdict_column, Text(safe_text(call.verdict)))
+            self._fill_table()
             self._show_told(table.cursor_row)
 
         self.app.push_screen(VerdictDialog(call.call_id, call.tool, self.save_verdict), record)
@@ -336,7 +370,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         finally:
             self._saving = False
         call.verdict, call.note = verdict, note
-        self.query_one(DataTable).update_cell(call.call_id, self._verdict_column, Text(safe_text(verdict)))
+        self._fill_table()
         self._show_told(row)
 
     def action_inspect(self) -> None:

@@ -14,7 +14,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
-from ..render import first_line, format_time
+from ..render import first_line, format_time, human_size
 from cairn.widgets.terminal_text import safe_text
 from .confirm import ConfirmDialog
 from cairn.persistence.store import SessionStore, SessionSummary
@@ -58,27 +58,48 @@ class SessionsScreen(Screen[SessionChoice | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("first prompt", "status", "events", "updated", "id", "cwd")  # cwd last: the longest
-        width = self._prompt_width()
+        widths = self.column_widths()
+        for name, width in widths.items():
+            table.add_column(name, width=width)
         for s in self.summaries:
             status = s.status  # the words `cairn sessions` prints (SPEC rev 2)
             if s.id == self.current:
                 status = "open here"
-            prompt = first_line(s.first_prompt, width) or "—"
-            cells = (prompt, status, str(s.events), format_time(s.updated), s.id, s.cwd)
+            cells = {"id": s.id, "first prompt": first_line(s.first_prompt, widths["first prompt"]) or "—",
+                     "status": status, "size": human_size(s.size) if s.size is not None else "?",
+                     "updated": self._updated(s.updated), "events": str(s.events), "cwd": s.cwd}
             # Text: a prompt's `[/x]` is not markup; safe_text: nor is its ESC a terminal escape
-            table.add_row(*(Text(safe_text(cell)) for cell in cells), key=s.id)
+            table.add_row(*(Text(safe_text(cells[name]), no_wrap=True, overflow="ellipsis") for name in widths),
+                          key=s.id)
         table.focus()
 
-    def _prompt_width(self) -> int:
-        """The first prompt gets what status, events, updated and id leave (at most 36), so the id column stays on
-        screen at 80 columns; cwd, the longest, is last and scrolls into view."""
-        others = [max([len(h), *(len(c) for c in cells)]) + 2 for h, cells in (
-            ("status", ["open here", *(s.status for s in self.summaries)]),
+    # What `cairn resume ID` needs comes first, then the prompt that says which session it is; events and cwd (the
+    # longest) are last and scroll into view on a narrow terminal.
+    COLUMNS = ("id", "first prompt", "status", "size", "updated", "events", "cwd")
+
+    def _updated(self, ms: int) -> str:
+        return format_time(ms) if self.app.size.width >= 100 else format_time(ms)[5:]  # no year at 80 columns
+
+    def column_widths(self) -> dict[str, int]:
+        """Whole ids always; the first prompt gets what id, status, size and updated leave (at least 16), and the
+        whole width left over when events and cwd fit too, so long prompts use a wide terminal."""
+        inner = self.app.size.width - 4 - 2  # the screen's padding and the table's scrollbar
+        widest = {h: max([len(h), *(len(c) for c in cells)]) for h, cells in (
+            ("id", [s.id for s in self.summaries]),
+            ("status", ["open here" if s.id == self.current else s.status for s in self.summaries]),
+            ("size", [human_size(s.size) if s.size is not None else "?" for s in self.summaries]),
+            ("updated", [self._updated(s.updated) for s in self.summaries]),
             ("events", [str(s.events) for s in self.summaries]),
-            ("updated", [format_time(s.updated) for s in self.summaries]),
-            ("id", [s.id for s in self.summaries]))]
-        return max(12, min(36, self.app.size.width - 4 - 1 - sum(others) - 2))
+            ("cwd", [s.cwd for s in self.summaries]))}
+        longest = max([len("first prompt"), *(len(first_line(s.first_prompt, 1_000)) for s in self.summaries)])
+        first = ("id", "status", "size", "updated")
+        left = inner - sum(widest[h] + 2 for h in first) - 2
+        rest = sum(widest[h] + 2 for h in ("events", "cwd"))
+        prompt = min(longest, left - rest) if left - rest >= 40 else min(longest, left)
+        widths = {h: widest[h] for h in first}
+        widths["first prompt"] = max(16, prompt)
+        widths.update((h, widest[h]) for h in ("events", "cwd"))
+        return {h: widths[h] for h in self.COLUMNS}
 
     def _selected(self) -> SessionSummary | None:
         table = self.query_one(DataTable)
