@@ -324,7 +324,7 @@ def sessions_command(args: argparse.Namespace, config: Any) -> int:
 
     from cairn.widgets.terminal_text import safe_json, safe_text
 
-    from .render import first_line, format_time
+    from .render import first_line, format_time, human_size
 
     store = open_store(config)
     summaries = store.list_sessions()
@@ -350,14 +350,6 @@ def sessions_command(args: argparse.Namespace, config: Any) -> int:
     for r in rows:
         print("  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
     return EXIT_OK
-
-
-def human_size(size: int) -> str:
-    for unit in ("B", "kB", "MB"):
-        if size < 1000:
-            return f"{size}{unit}" if unit == "B" else f"{size:.0f}{unit}"
-        size /= 1000  # type: ignore[assignment]
-    return f"{size:.1f}GB"
 
 
 def show_command(args: argparse.Namespace, config: Any) -> int:

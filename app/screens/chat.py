@@ -26,7 +26,9 @@ from textual.widgets.option_list import Option
 from cairn.persistence.events import (
     AnyEvent,
     ApprovalDecided,
+    AssistantChunk,
     AssistantMessage,
+    ReasoningChunk,
     RecoveryVerdict,
     StepEnd,
     TurnEnd,
@@ -62,6 +64,7 @@ DEMO_HINT = " The offline demo model understands: list files · read README.md �
 UI_FRAME = 1 / 25
 MAX_FRAME = 0.5
 ESC_ESC = 0.6  # seconds: two Esc presses on an empty prompt this close together open the rewind dialog
+ANSWER_STARTED = (AssistantChunk, ReasoningChunk, AssistantMessage, TurnEnd)  # `sending…` ends with the first of these
 UI_SHARE = 4  # frames are spaced at least this many times their cost: drawing takes at most ~1/4 of the event loop
 
 
@@ -120,6 +123,7 @@ class ChatScreen(Screen[None]):
         self._agent_ready = asyncio.Event()
         self._worker: Any = None
         self._compacting = False  # a summary request runs (context compaction): the status bar says so
+        self._sending = False  # a prompt was handed over and no answer has started yet: the status bar says `sending…`
         self._incoming: list[AnyEvent] = []
         self._drain_posted = False
         self._failure_shown = False
@@ -420,6 +424,9 @@ class ChatScreen(Screen[None]):
         self._pace_frames(lateness=started - self._due, cost=time.perf_counter() - started + self._drawn)
         self._drawn = 0.0
         self._count_tokens(events)
+        if self._sending and any(isinstance(e, ANSWER_STARTED) for e in events):
+            self._sending = False
+            self._refresh_activity()
         if any(isinstance(e, (TurnStart, TurnEnd, ApprovalDecided)) for e in events):
             self._refresh_activity()  # ApprovalDecided: a session grant shows in the status bar
         if any(isinstance(e, (StepEnd, TurnEnd)) for e in events):
@@ -490,6 +497,7 @@ class ChatScreen(Screen[None]):
         if self._paused:
             return
         self._in_loop += 1
+        self._sending = True
         self.agent.loop.submit(self.pending.pop(0))
 
     def _editing_queued(self) -> int | None:
@@ -511,7 +519,8 @@ class ChatScreen(Screen[None]):
         queued = self.pending
         running = self.turn_running
         status = self.query_one(StatusBar)
-        doing = "● compacting…" if self._compacting else "● running"
+        doing = "● compacting…" if self._compacting else ("● sending…" if self._sending else "● running")
+        running = running or self._sending
         if self._waited is not None and running:
             doing = f"● waiting for the server: {self._waited:.0f} s"
         waiting = "paused" if self._paused else "queued"
@@ -581,6 +590,9 @@ class ChatScreen(Screen[None]):
             return
         text = message.text[1:] if message.text.startswith("//") else message.text
         self.history.add(text)
+        if not self._in_loop and not self.pending:
+            self._sending = True  # said at once, before the request leaves (cleared when the answer starts)
+            self._refresh_activity()
         await self._agent_ready.wait()
         assert self.agent is not None
         if self._in_loop or self.pending:
