@@ -81,7 +81,8 @@ class NewOutput(Static):
             transcript.follow()
 
 
-HISTORY_SCREENS = 3  # screenfuls of history mounted at open; more as the view nears the top
+HISTORY_SCREENS = 2  # screenfuls of history mounted at open (enough that the view opens a screen above the top,
+# so nothing more is mounted until it scrolls up); more as the view nears the top. 3 cost P8 a third more widgets
 MIN_HISTORY_LINES = 60
 
 
