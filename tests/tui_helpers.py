@@ -63,7 +63,9 @@ def make_world(tmp_path: Path, responses: list[dict[str, Any]], ops: FileOps | N
     workspace.mkdir(exist_ok=True)
     home = tmp_path / "home"
     script = write_script(tmp_path / "script.json", responses)
-    config = resolve_config(home=str(home), provider="script", script=str(script), workspace=str(workspace), env={})
+    # workspace snapshots off: these worlds test the screens (test_snapshots.py and test_tui_rewind.py turn them on)
+    config = resolve_config(home=str(home), provider="script", script=str(script), workspace=str(workspace),
+                            env={"CAIRN_SNAPSHOTS": "off"})
     store = SessionStore(home, JsonlBackend(home, ops) if ops is not None else "jsonl")
     return World(config, store, workspace)
 
