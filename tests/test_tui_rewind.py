@@ -291,7 +291,16 @@ def test_accept_evidence_key_records_a_durable_verdict(tmp_path):
             await pilot.pause(0.6)
             assert not screen.calls[0].verdict
             assert not any(isinstance(e, RecoveryVerdict) for e in world.log("crashed-id"))
-            await pilot.press("e")
+            await pilot.press("e", "x", "i", "t", "y")  # a word that starts with e (and holds a y) decides nothing
+            await pilot.pause(0.6)
+            assert not screen.calls[0].verdict
+            assert not any(isinstance(e, RecoveryVerdict) for e in world.log("crashed-id"))
+            await pilot.press("n")  # the question it opened: not now
+            await wait_for(pilot, lambda: app.screen is screen, "the resume screen again")
+            await pilot.pause(0.6)
+            await pilot.press("e")  # on its own: asked once more, then yes
+            await pilot.pause(0.6)
+            await pilot.press("y")
             await wait_for(pilot, lambda: screen.calls[0].verdict == "happened", "the verdict")
             # durable before the screen shows it: read the file back from disk
             verdicts = [e for e in world.log("crashed-id") if isinstance(e, RecoveryVerdict)]

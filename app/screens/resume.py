@@ -51,6 +51,7 @@ from cairn.widgets.terminal_text import safe_text
 from ..agent.previews import preview_parts, render_parts
 from ..render import summarize_arguments
 from ..tools.registry import builtin_safety
+from .confirm import ConfirmDialog
 from .verdict import VerdictDialog
 
 
@@ -354,8 +355,18 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         if not call.evidence:
             self.notify("Cairn found no evidence about this call: record a verdict with v.")
             return
-        self._saving = True
-        self.run_worker(self._accept(call, table.cursor_row), exclusive=True, group="evidence")
+        row = table.cursor_row
+
+        def answered(yes: bool | None) -> None:
+            if yes and not self._saving:
+                self._saving = True
+                self.run_worker(self._accept(call, row), exclusive=True, group="evidence")
+
+        # a decision the model will be told: asked once more, and a `y` typed on the heels of the `e` does not count
+        question = (f"Take Cairn's evidence as your verdict on {call.call_id} ({call.tool}): "
+                    f"{call.evidence} — {call.evidence_detail}?")
+        self.app.push_screen(EvidenceConfirm(safe_text(question), yes="Take it as my verdict", no="Not now"),
+                             answered)
 
     async def _accept(self, call: RecoveredCall, row: int) -> None:
         from cairn.persistence.errors import CheckpointFailed
@@ -381,3 +392,20 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
     @on(Button.Pressed, "#continue")
     def action_continue(self) -> None:
         self.dismiss(self.calls)
+
+
+class EvidenceConfirm(ConfirmDialog):
+    """The yes/no for taking evidence as the verdict: keys that arrive within TYPING_GAP of it opening are typing that
+    began with an `e`, not an answer."""
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._opened = time.monotonic()
+
+    def _settled(self) -> bool:
+        return time.monotonic() - getattr(self, "_opened", 0.0) >= TYPING_GAP
+
+    def dismiss(self, result: Any = None) -> Any:  # both ways of answering (the y key, the button) end here
+        if result is True and not self._settled():
+            return None
+        return super().dismiss(result)
