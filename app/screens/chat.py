@@ -65,7 +65,7 @@ UI_FRAME = 1 / 25
 MAX_FRAME = 0.5
 ESC_ESC = 0.6  # seconds: two Esc presses on an empty prompt this close together open the rewind dialog
 ANSWER_STARTED = (AssistantChunk, ReasoningChunk, AssistantMessage, TurnEnd)  # `sending…` ends with the first of these
-UI_SHARE = 4  # frames are spaced at least this many times their cost: drawing takes at most ~1/4 of the event loop
+UI_SHARE = 8  # frames are spaced at least this many times their cost: drawing takes at most ~1/8 of the event loop
 
 
 AGENT_STACK = ("cairn.app.compose", "cairn.app.agent.approval", "cairn.app.screens.approval")
