@@ -156,10 +156,18 @@ def collect_before_images(store: Any) -> None:
     from cairn.persistence.blobs import blob_store_for, names_needed
     from cairn.persistence.errors import PersistenceError
 
+    from cairn.persistence.events import WorkspaceSnapshot
+
     needed: set[str] = set()
+    trees: dict[str, set[str]] = {}  # workspace -> the snapshot trees its remaining sessions name
+    sessions: dict[str, set[str]] = {}  # workspace -> its remaining sessions
     try:
         for session_id in store.backend.list_ids():
-            needed |= names_needed(store.backend.load(session_id).events)
+            log = store.backend.load(session_id)
+            needed |= names_needed(log.events)
+            trees.setdefault(log.header.cwd, set()).update(
+                e.tree for e in log.events if isinstance(e, WorkspaceSnapshot))
+            sessions.setdefault(log.header.cwd, set()).add(session_id)
     except (PersistenceError, OSError):
         return
     blobs = blob_store_for(store.backend)
@@ -167,6 +175,32 @@ def collect_before_images(store: Any) -> None:
         blobs.collect(needed)
     finally:
         blobs.close()
+    prune_snapshots(store.home, trees, sessions)
+
+
+def prune_snapshots(home: Any, trees: dict[str, set[str]], sessions: dict[str, set[str]]) -> None:
+    """Each shadow repository keeps only the trees its workspace's remaining sessions name (SPEC §9 rev 3)."""
+    import shutil
+    from pathlib import Path
+
+    from .agent.snapshots import ShadowRepo, SnapshotUnavailable, git_path
+
+    root = Path(home) / "snapshots"
+    if git_path() is None or not root.is_dir():
+        return
+    known = {ShadowRepo(Path(home), Path(cwd)).git_dir: cwd for cwd in set(trees) | set(sessions)}
+    for git_dir in root.glob("*.git"):
+        cwd = known.get(git_dir)
+        for index in git_dir.glob("index-*"):
+            if cwd is None or index.name.removeprefix("index-").removesuffix(".lock") not in sessions.get(cwd, ()):
+                index.unlink(missing_ok=True)
+        if cwd is None:  # no session of that workspace remains
+            shutil.rmtree(git_dir, ignore_errors=True)
+            continue
+        try:
+            ShadowRepo(Path(home), Path(cwd)).keep_only(trees.get(cwd, set()))
+        except SnapshotUnavailable:
+            continue
 
 
 def open_store(config: Any):  # -> SessionStore; without importing the agent (fast start-up)

@@ -116,6 +116,7 @@ class ChatScreen(Screen[None]):
         self.session = session
         self.config = config
         self.provider = provider
+        self._host_suffix = ""  # ` @host` when the session opened on a server other than its recorded one
         self.agent: Agent | None = None
         self.service = PersistenceService(session)
         self.resume_pending = False
@@ -155,6 +156,7 @@ class ChatScreen(Screen[None]):
     async def on_mount(self) -> None:
         status = self.query_one(StatusBar)
         status.session_id = self.session.id
+        self._host_suffix = self._other_host()  # as the session opened; a later /model switch names its own server
         status.provider = self._provider_label()
         status.backend = self.config.backend
         status.show_durability("durable", self.session.coordinator.durable_seq)
@@ -190,7 +192,7 @@ class ChatScreen(Screen[None]):
     def _provider_label(self) -> str:
         """`provider/model`, the other host if any, and the context window when the server said it (`ctx 8.2k
         (server)`: SPEC §7 rev 3)."""
-        label = f"{self.provider.name}/{self.provider.model}" + self._other_host()
+        label = f"{self.provider.name}/{self.provider.model}" + self._host_suffix
         known = self.agent.loop.known_window if self.agent is not None else None
         if known is not None and known[1].startswith("server"):  # a configured or family window is no news
             label += f" · ctx {format_tokens(known[0])} (server)"
@@ -265,6 +267,10 @@ class ChatScreen(Screen[None]):
 
     # -- rewind (SPEC §9 rev 3) ---------------------------------------------------------------------------------------
 
+    def _snapshots(self) -> Any:
+        """The workspace's shadow repository the agent snapshots into (None: off, no git, or not built yet)."""
+        return self.agent.loop.snapshots if self.agent is not None else None
+
     def _blob_store(self) -> Any:
         if self._blobs is None:
             from cairn.persistence.blobs import blob_store_for
@@ -301,7 +307,8 @@ class ChatScreen(Screen[None]):
 
         try:
             if how == "finish":
-                outcome = await finish_rewind(self.session, self.config.workspace, self._blob_store())
+                outcome = await finish_rewind(self.session, self.config.workspace, self._blob_store(),
+                                              repo=self._snapshots())
                 lines = describe(outcome)
             else:
                 plan = await abandon_rewind(self.session)
@@ -336,7 +343,8 @@ class ChatScreen(Screen[None]):
                 return
             self.run_worker(self._rewind(choice), name="rewind", exclusive=True, group="rewind")
 
-        self.app.push_screen(RewindScreen(self.session.events, self.config.workspace, self._blob_store()), chosen)
+        self.app.push_screen(RewindScreen(self.session.events, self.config.workspace, self._blob_store(),
+                                          self._snapshots()), chosen)
 
     async def _rewind(self, choice: Any) -> None:
         from ..agent.rewind import RewindRefused, describe, rewind
@@ -347,7 +355,7 @@ class ChatScreen(Screen[None]):
                 return
             try:
                 outcome = await rewind(self.session, self.config.workspace, self._blob_store(), choice.to_turn,
-                                       choice.scope, force=choice.force)
+                                       choice.scope, force=choice.force, repo=self._snapshots())
             except RewindRefused as e:
                 if not e.changed or choice.force:
                     await self._say(f"Nothing was rewound: {e}", "-warning")
@@ -661,6 +669,7 @@ class ChatScreen(Screen[None]):
 
             loop.context_window = config.context_window or configured_window()
             loop.known_window = None  # asked again of the new endpoint before the next request
+            self._host_suffix = ""
             loop.text_form = config.transcript == "text" or loop._text_form_recorded()
             self.agent.config = config
         self.run_worker(old.aclose(), exit_on_error=False)
