@@ -95,7 +95,8 @@ def result_text(update: Any) -> str:
 
 def script_env(rig: Rig, responses: list[dict]) -> dict[str, str]:
     """The environment for a `script` provider answering `responses` in order."""
-    return {"CAIRN_PROVIDER": "script", "CAIRN_SCRIPT": rig.script(responses)}
+    return {"CAIRN_PROVIDER": "script", "CAIRN_SCRIPT": rig.script(responses),
+            "CAIRN_SNAPSHOTS": "off"}  # these tests pin the ACP updates; test_snapshots.py covers snapshots
 
 
 async def prompt(conn: Any, session_id: str, text: str) -> Any:

@@ -65,8 +65,9 @@ async def script_agent(
     workspace.mkdir(exist_ok=True)
     script = write_script(tmp_path / "script.json", responses)
     home = tmp_path / "home"
+    # workspace snapshots off: these tests pin SPEC §2's event order (tests/test_snapshots.py covers snapshots)
     config = resolve_config(home=str(home), backend=backend, provider="script", script=str(script),
-                            workspace=str(workspace), env={})
+                            workspace=str(workspace), env={"CAIRN_SNAPSHOTS": "off"})
     opened = None
     if ops is not None:
         opened = SessionStore(home, JsonlBackend(home, ops)).create(cwd=str(workspace))

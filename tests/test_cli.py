@@ -83,7 +83,8 @@ def test_run_with_the_script_provider_streams_the_answer_and_show_prints_spec_ev
     events = show_json(env, only_session(env))
     assert [e["seq"] for e in events] == list(range(len(events)))
     assert all(isinstance(e["time"], int) and isinstance(e["type"], str) for e in events)
-    assert events[2] == {**events[2], "type": "user/message", "text": "make a file", "turn": 1, "step": 1}
+    assert events[1]["type"] == "workspace/snapshot" and events[1]["at"] == "turn-start"  # git is there: on
+    assert events[3] == {**events[3], "type": "user/message", "text": "make a file", "turn": 1, "step": 1}
     call = next(e for e in events if e["type"] == "tool/call")
     assert call["arguments"] == {"command": "echo hi > out.txt"} and call["safety"] == "side_effecting"
     assert call["parent_call_id"] is None

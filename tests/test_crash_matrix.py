@@ -151,12 +151,12 @@ def by_type(events: list[dict], kind: str) -> list[dict]:
 
 
 def check_prompt_accepted(stored: list[dict], repair: list[dict], rig: Rig) -> None:
-    assert stored[2]["text"] == PROMPT and (stored[2]["turn"], stored[2]["step"]) == (1, 1)
+    assert stored[3]["text"] == PROMPT and (stored[3]["turn"], stored[3]["step"]) == (1, 1)
     assert repair[0] == {**repair[0], "turn": 1, "step": 1}
 
 
 def check_request_dispatched(stored: list[dict], repair: list[dict], rig: Rig) -> None:
-    header = stored[3]
+    header = stored[4]
     assert header["provider"] == "openai" and header["model"] == "m-crash"
     assert header["tools"] == TOOLS and header["message_count"] == 2  # system + the prompt
     assert KEY not in str(header)
@@ -219,7 +219,7 @@ class Case:
     check: Callable[[list[dict], list[dict], Rig], None]
 
 
-OPENING = ["turn/start", "step/start", "user/message"]
+OPENING = ["turn/start", "workspace/snapshot", "step/start", "user/message"]  # the turn-start snapshot (SPEC §9)
 REQUESTED = [*OPENING, "request/header"]
 CLOSE = ["step/end", "turn/end"]
 CASES = {
@@ -228,8 +228,8 @@ CASES = {
     "mid-stream": Case(reach_mid_stream, [*REQUESTED, "assistant/chunk", "assistant/chunk"], CLOSE, check_mid_stream),
     "tool-side-effect": Case(
         reach_tool_side_effect,
-        [*REQUESTED, "assistant/chunk", "assistant/message", "approval/asked", "approval/decided", "tool/call",
-         "tool/progress"],
+        [*REQUESTED, "assistant/chunk", "assistant/message", "approval/asked", "approval/decided",
+         "workspace/snapshot", "tool/call", "tool/progress"],  # the command's snapshot, durable with its tool/call
         ["tool/result", "tool/result", *CLOSE, "recovery/evidence"],  # evidence: the command had a recorded process
         check_tool_side_effect,
     ),
@@ -239,13 +239,14 @@ CASES = {
     ),
     "after-tool-result": Case(
         reach_after_tool_result,
-        [*REQUESTED, "assistant/message", "approval/asked", "approval/decided", "tool/call", "tool/progress",
-         "tool/result"],
+        [*REQUESTED, "assistant/message", "approval/asked", "approval/decided", "workspace/snapshot", "tool/call",
+         "tool/progress", "tool/result"],
         ["tool/result", *CLOSE],
         check_after_tool_result,
     ),
     "after-turn-end": Case(
-        reach_turn_ended, [*REQUESTED, "assistant/chunk", "assistant/message", "step/end", "turn/end"], [],
+        reach_turn_ended, [*REQUESTED, "assistant/chunk", "assistant/message", "step/end", "workspace/snapshot",
+                           "turn/end"], [],
         check_turn_ended,
     ),
 }
@@ -372,5 +373,5 @@ def test_a_second_writer_is_refused_while_the_first_lives_and_resumes_once_it_is
     after = rig.show(sid)
     assert_contiguous(after)
     assert types(after) == [*OPENING, *CLOSE, *OPENING, "request/header", "assistant/chunk", "assistant/message",
-                            *CLOSE]
+                            "step/end", "workspace/snapshot", "turn/end"]  # the second turn ended: its end snapshot
     assert [e["reason"] for e in after if e["type"] == "turn/end"] == ["interrupted", "completed"]

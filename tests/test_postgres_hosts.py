@@ -124,7 +124,8 @@ class Host:
 
     def env(self, **extra: str) -> dict[str, str]:
         return {"PATH": os.environ["PATH"], "HOME": str(self.home), "LANG": "C.UTF-8", "CAIRN_HOME": str(self.home),
-                "CAIRN_BACKEND": "postgres", "CAIRN_DATABASE_URL": self.url, "CAIRN_DEMO_DELAY_MS": "0", **extra}
+                "CAIRN_BACKEND": "postgres", "CAIRN_DATABASE_URL": self.url, "CAIRN_DEMO_DELAY_MS": "0",
+                "CAIRN_SNAPSHOTS": "off", **extra}
 
     def cairn(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(*args), env=self.env(), cwd=self.workspace, capture_output=True, text=True,

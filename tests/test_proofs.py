@@ -155,7 +155,7 @@ async def test_a_failed_barrier_fails_closed_and_loses_nothing(tmp_path, barrier
     script.write_text(json.dumps({"responses": SCRIPTS[barrier]}))
     home = tmp_path / "home"
     config = resolve_config(home=str(home), backend=FAULTS[fault_name][0], provider="script", script=str(script),
-                            workspace=str(ws), env={})
+                            workspace=str(ws), env={"CAIRN_SNAPSHOTS": "off"})  # the barriers' own order is proved
     fault = Fault(home, fault_name)
     reports: list[str] = []
     during: list[tuple[int, int, int]] = []  # (queued, durable_seq, last seq) while the fault was on
