@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from .backend import EncodedEvent
@@ -123,6 +124,84 @@ def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
         covered = at + length
     last = (chain[0][0] - start, chain[0][1]) if chain else None
     return Position(zlib.crc32(view[covered:end], state), 0, end - start, chain[0][0] - start if chain else -1), last
+
+
+def verify_pieces(pieces: list[bytes], path: str, first_line: int,
+                  unit: str = "line") -> tuple[Position, tuple[int, int] | None]:
+    """`verify_checks` over the concatenation of `pieces` (each one or more whole lines, newline included), without
+    making it: a body fetched in parts (PostgreSQL rows) is checked where it lies, which spares a copy of the whole
+    session into fresh memory. Only a clean result is computed here; anything else (a mismatch, a malformed or
+    misplaced check, a piece that does not end a line) is decided, and named, by `verify_checks` over the joined
+    body, so the outcome is always exactly its outcome."""
+    clean = _verify_pieces(pieces)
+    if clean is not None:
+        return clean
+    body = b"".join(pieces)
+    return verify_checks(body, 0, len(body), path, first_line, unit)
+
+
+def _verify_pieces(pieces: list[bytes]) -> tuple[Position, tuple[int, int] | None] | None:
+    """`_verify` over whole pieces, offsets counted over their concatenation; None for anything but a clean body.
+    A check field holds no newline, so it never spans two pieces."""
+    starts: list[int] = []
+    end = 0
+    for piece in pieces:
+        if not piece.endswith(b"\n"):
+            return None
+        starts.append(end)
+        end += len(piece)
+
+    def where(offset: int) -> tuple[bytes, int]:
+        i = bisect_right(starts, offset) - 1
+        return pieces[i], offset - starts[i]
+
+    at = -1
+    for i in range(len(pieces) - 1, -1, -1):  # the last check, wherever it is
+        found_at = pieces[i].rfind(MARK)
+        if found_at >= 0:
+            at = starts[i] + found_at
+            break
+    chain: list[tuple[int, int, int]] = []  # as in _verify
+    while at >= 0:
+        piece, local = where(at)
+        found = _VALUE.match(piece, local + len(MARK), min(len(piece), local + len(MARK) + 30))
+        if found is None:
+            return None
+        chain.append((at, int(found.group(1), 16), found.end() - 1 - local))
+        if found.group(2) is None:
+            break
+        previous = int(found.group(2))
+        if not 0 <= previous < at:
+            return None
+        piece, local = where(previous)
+        if not piece.startswith(MARK, local):
+            return None
+        at = previous
+    if chain:
+        first = bisect_right(starts, chain[-1][0]) - 1
+        if pieces[first].rfind(MARK, 0, chain[-1][0] - starts[first]) >= 0:
+            return None
+        if any(MARK in piece for piece in pieces[:first]):
+            return None
+    state, covered = 0, 0
+    for at, value, length in reversed(chain):
+        state = _crc_range(pieces, starts, covered, at, state)
+        if state != value:
+            return None
+        covered = at + length
+    last = (chain[0][0], chain[0][1]) if chain else None
+    return Position(_crc_range(pieces, starts, covered, end, state), 0, end, chain[0][0] if chain else -1), last
+
+
+def _crc_range(pieces: list[bytes], starts: list[int], lo: int, hi: int, state: int) -> int:
+    """The running crc continued over the concatenation's bytes lo:hi."""
+    i = max(bisect_right(starts, lo) - 1, 0)
+    while i < len(pieces) and starts[i] < hi:
+        a, b = max(lo - starts[i], 0), min(hi - starts[i], len(pieces[i]))
+        if a < b:
+            state = zlib.crc32(memoryview(pieces[i])[a:b], state)
+        i += 1
+    return state
 
 
 def _where(buf: bytes, start: int, covered: int, at: int, first_line: int, unit: str) -> tuple[int, str]:

@@ -35,15 +35,17 @@ import re
 import secrets
 import socket
 import time
+from operator import attrgetter, itemgetter
 from typing import Any, Callable
 
+import msgspec
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict
 
 from .backend import Backend, EncodedEvent, LoadedLog, Writer
-from .checks import RunningCheck, verify_checks
-from .codec import decode_events, decode_header
+from .checks import RunningCheck, verify_pieces
+from .codec import decode_events, decode_header, gc_paused
 from .errors import (
     CorruptDatabase,
     PersistenceError,
@@ -54,7 +56,7 @@ from .errors import (
     StoreUnavailable,
     UnsupportedFormat,
 )
-from .events import SessionHeader, encoder, raw_decoder
+from .events import SessionHeader, encoder, event_decoder, raw_decoder
 from .ids import valid_session_id
 
 SCHEMA_VERSION = 1
@@ -74,6 +76,9 @@ RECONNECT_FIRST_DELAY = 0.1
 RECONNECT_MAX_DELAY = 2.0
 # A holder on this host whose process is gone is a lock the server has not yet noticed is free: wait this long for it.
 DEAD_HOLDER_WAIT = 10.0
+# A load decodes and checks the bodies in pieces of this many rows (~0.5 MB for typical events): small enough to stay in
+# the cache between the join and the decode, large enough that the per-piece work is nothing.
+PIECE_ROWS = 1000
 _SCHEMA_LOCK = 0x636169726E5F7363  # transaction-level advisory lock serializing schema creation ("cairn_sc")
 
 DDL = (
@@ -94,6 +99,11 @@ DDL = (
         body bytea NOT NULL,
         PRIMARY KEY (session_id, seq)
     )""",
+    # Bodies are stored uncompressed (large ones out of line, as before): a load sends every body, and decompressing
+    # pglz is a third of the server's work for it (P4 in docs/benchmarks.md); the price is disk: ~1.3x the JSONL
+    # file's size instead of ~0.8x (71 MB instead of 44 MB for P4's 56 MB session). Physical only: the schema version
+    # is unchanged, and a database made before keeps its compressed rows (the same ALTER changes later ones).
+    "ALTER TABLE events ALTER COLUMN body SET STORAGE EXTERNAL",
 )
 
 _HOLDS_LOCK = """EXISTS (
@@ -581,23 +591,19 @@ class PostgresBackend(Backend):
             raise CorruptDatabase(location, "the session's header is nested too deeply") from None
         if header.id != session_id:
             raise CorruptDatabase(location, f"the session row's header names session {header.id[:70]!r}")
-        body = self._bodies(conn, session_id)
-        try:
-            events, _ = decode_events(body, location, first_line=1, tail_may_be_torn=False)
-        except RecursionError:
-            raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
-        check, _ = verify_checks(body, 0, len(body), location, first_line=0, unit="seq")
-        check.next_seq = len(events)
-        return LoadedLog(header, events, location, check=check)
-
-    @staticmethod
-    def _bodies(conn: Any, session_id: str) -> bytes:
-        """Every event body, newline-terminated, in seq order, fetched in the binary protocol (no hex round trip).
-        (Joining them on the server with string_agg, or a binary COPY, was measured slower: P4 in docs/benchmarks.md.)"""
         cur = conn.cursor(binary=True)
         cur.execute("SELECT body FROM events WHERE session_id = %s ORDER BY seq", (session_id,))
-        raw = [body for (body,) in cur.fetchall()]
-        return b"\n".join(raw + [b""]) if raw else b""
+        with gc_paused():  # 100k row tuples: nothing for the cyclic GC to find
+            rows = cur.fetchall()
+        cur.close()
+        try:
+            events, pieces = decode_rows(rows, location)
+        except RecursionError:
+            raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
+        del rows
+        check, _ = verify_pieces(pieces, location, first_line=0, unit="seq")
+        check.next_seq = len(events)
+        return LoadedLog(header, events, location, check=check)
 
     def exists(self, session_id: str) -> bool:
         def query(conn: Any) -> bool:
@@ -647,6 +653,35 @@ class PostgresBackend(Backend):
         except PersistenceError:
             return 0
         return row[0] if row else 0
+
+
+def decode_rows(rows: list[tuple[bytes]], location: str) -> tuple[list[Any], list[bytes]]:
+    """The events of the fetched bodies (in seq order), and the bodies as pieces of PIECE_ROWS newline-terminated
+    lines, for the checks. Exactly what `decode_events` returns for all the bodies joined (or what it raises), but
+    without joining them: each piece is decoded while it is still in the cache, and no copy of the whole session is
+    made in fresh memory (both were a fifth of a cold load: P4 in docs/benchmarks.md). Only a clean log is decoded
+    here; anything else (a line that does not decode, a seq out of place, an ignorable event, a blank last body) is
+    left to `decode_events` over the joined bodies, which decides and names it as for every backend."""
+    if not rows:
+        return [], []
+    pieces: list[bytes] = []
+    events: list[Any] = []
+    clean = bool(rows[-1][0])  # a blank last line is cut like a torn tail: decode_events' slow path
+    with gc_paused():
+        for i in range(0, len(rows), PIECE_ROWS):
+            part = rows[i : i + PIECE_ROWS]
+            part.append((b"",))
+            piece = b"\n".join(map(itemgetter(0), part))
+            pieces.append(piece)
+            if clean:
+                try:
+                    events += event_decoder.decode_lines(piece)
+                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                    clean = False
+    if clean and list(map(attrgetter("seq"), events)) == list(range(len(events))):
+        return events, pieces
+    events, _ = decode_events(b"".join(pieces), location, first_line=1, tail_may_be_torn=False)
+    return events, pieces
 
 
 def _dead_here(host: str | None, pid: int | None) -> bool:
