@@ -129,14 +129,17 @@ def command_finding(call: ToolCall, progress: ToolProgress) -> RecoveryEvidence:
 
 def gather_evidence(events: list[AnyEvent], repaired: list[AnyEvent], workspace: Path) -> list[RecoveryEvidence]:
     """Evidence for each OUTCOME_UNKNOWN result among `repaired` whose call Cairn can check (seq and time unset)."""
-    calls = {e.seq: e for e in events if isinstance(e, ToolCall)}
-    progress = {e.call_id: e for e in events if isinstance(e, ToolProgress)}
+    unknown = [r for r in repaired if isinstance(r, ToolResult) and r.error_code == TOOL_OUTCOME_UNKNOWN]
+    if not unknown:
+        return []
+    # only the interrupted turn matters: read back from the end to its first call (seq is the index: contiguous)
+    first = min((r.source_seq for r in unknown if r.source_seq is not None), default=len(events))
+    progress = {e.call_id: e for e in events[first:] if isinstance(e, ToolProgress)}
     found: list[RecoveryEvidence] = []
-    for result in repaired:
-        if not (isinstance(result, ToolResult) and result.error_code == TOOL_OUTCOME_UNKNOWN):
-            continue
-        call = calls.get(result.source_seq) if result.source_seq is not None else None
-        if call is None or call.parent_call_id is not None:
+    for result in unknown:
+        seq = result.source_seq
+        call = events[seq] if seq is not None and 0 <= seq < len(events) else None
+        if not isinstance(call, ToolCall) or call.seq != seq or call.parent_call_id is not None:
             continue
         if call.name in FILE_TOOLS:
             evidence = file_finding(call, workspace)
