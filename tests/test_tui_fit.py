@@ -229,6 +229,9 @@ async def test_follow_mode_follows_at_the_bottom_stays_when_scrolled_up_and_end_
         await wait_for(pilot, lambda: sum(isinstance(e, AssistantChunk) for e in app.session.events) > chunks + 20,
                        "more output")
         await wait_for(pilot, lambda: transcript.new_output.has_class("-visible"), "the ↓ new output line")
+        await pilot.pause()
+        badge = transcript.new_output.region
+        assert badge.height == 1 and badge.y >= transcript.region.bottom  # a row of its own, never over the text
         assert transcript.scroll_y == where  # never yanked back down
         assert transcript.max_scroll_y > where + 5
 

@@ -63,22 +63,22 @@ class Notice(Static):
 
 
 class NewOutput(Static):
-    """The "↓ new output" line: shown at the bottom of the view while it does not follow and more arrived below."""
+    """The "↓ new output" line: shown under the view while it does not follow and more arrived below. A row of its
+    own under the transcript (the screen places it), never drawn over the transcript's last line."""
 
     DEFAULT_CSS = """
-    NewOutput { dock: bottom; width: auto; height: 1; margin: 0 2; padding: 0 1; display: none;
+    NewOutput { width: auto; height: 1; margin: 0 2; padding: 0 1; display: none;
                 background: $accent; color: $text; text-style: bold; }
     NewOutput.-visible { display: block; }
     """
 
-    def __init__(self) -> None:
+    def __init__(self, transcript: "Transcript") -> None:
         super().__init__("↓ new output (End)", markup=False)
+        self.transcript = transcript
 
     def on_click(self, event: events.Click) -> None:
         event.stop()
-        transcript = self.parent
-        if isinstance(transcript, Transcript):
-            transcript.follow()
+        self.transcript.follow()
 
 
 HISTORY_SCREENS = 2  # screenfuls of history mounted at open (enough that the view opens a screen above the top,
@@ -128,7 +128,7 @@ class Transcript(VerticalScroll):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.safety_of = safety_of  # a tool's safety class before its tool/call says it
         self.cards: dict[str, ToolCard] = {}
-        self.new_output = NewOutput()
+        self.new_output = NewOutput(self)  # the screen yields it right under the transcript
         self._assistant: AssistantText | None = None
         self._streamed = ""
         self._answer_start: Widget | None = None  # the first widget of the step's answer (reasoning goes above it)
@@ -139,18 +139,8 @@ class Transcript(VerticalScroll):
         self.older_turns: list[list[AnyEvent]] = []  # history turns not even built yet, oldest first
         self._revealing = False
 
-    def compose(self):  # type: ignore[override]
-        yield self.new_output
-
     def on_mount(self) -> None:
         self.anchor()
-
-    def mount(self, *widgets: Widget, before: Any = None, after: Any = None) -> Any:  # type: ignore[override]
-        """Anything mounted without a place (a screen's notices) goes before the docked "new output" line, so it
-        stays in order with the conversation mounted before it."""
-        if before is None and after is None and self.new_output.parent is self:
-            before = self.new_output
-        return super().mount(*widgets, before=before, after=after)
 
     @property
     def reasoning_blocks(self) -> list[ReasoningBlock]:
@@ -208,7 +198,7 @@ class Transcript(VerticalScroll):
                 lines += estimated_lines(widget)
         self.older = built[:index]
         if built[index:]:
-            await self.mount_all(built[index:], before=self.new_output)
+            await self.mount_all(built[index:])
         self.anchor()
 
     async def _build(self, events: list[AnyEvent]) -> list[Widget]:
@@ -237,7 +227,7 @@ class Transcript(VerticalScroll):
         return bool(self.older or self.older_turns) or (isinstance(first, AssistantText) and first.hidden > 0)
 
     def _first_content(self) -> Widget | None:
-        return next((c for c in self.children if c is not self.new_output), None)
+        return next(iter(self.children), None)
 
     async def reveal_older(self, lines: int | None = None) -> None:
         """Mount about `lines` more lines of history above what is shown (all of it when None), keeping what is on
@@ -290,7 +280,7 @@ class Transcript(VerticalScroll):
         elif before is not None and before.parent is self:
             await self.mount(widget, before=before)
         else:
-            await self.mount(widget, before=self.new_output)
+            await self.mount(widget)
 
     async def apply_many(self, events: list[AnyEvent]) -> None:
         """Apply a batch of live events; consecutive chunks of one kind become one write.

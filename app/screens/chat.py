@@ -145,7 +145,9 @@ class ChatScreen(Screen[None]):
         self.history = PromptHistory(history_path(config.home, config.workspace), secrets)
 
     def compose(self) -> ComposeResult:
-        yield Transcript(safety_of=builtin_safety_if_loaded, id="transcript")
+        transcript = Transcript(safety_of=builtin_safety_if_loaded, id="transcript")
+        yield transcript
+        yield transcript.new_output  # "↓ new output (End)": a row of its own under the transcript when shown
         yield Static("", id="queue", markup=False)
         yield OptionList(id="slash")
         yield PromptInput(id="prompt")
