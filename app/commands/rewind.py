@@ -1,7 +1,8 @@
 """`cairn rewind` and `cairn fork` (SPEC §6 and §9 rev 3): take turns back, headless, or branch a session off.
 
 `rewind` opens the session for writing (locked, repaired, evidence gathered), then restores files, conversation or both
-to before `--turn N` with the same crash-safe plan the TUI and ACP use; a file changed outside Cairn is named and
+to before `--turn N` with the same crash-safe plan the TUI and ACP use (the whole workspace from the turn's git snapshot
+where there is one, else the file tools' before-images); a file changed outside Cairn is named and
 nothing is touched (exit 3) unless `--force`. An interrupted rewind is reported and `--finish` or `--abandon` settles it.
 `fork` copies the history before turn N (default: all of it, repaired) into a new session; the original is untouched.
 """
@@ -21,7 +22,8 @@ from ..exit_codes import EXIT_LOCKED, EXIT_OK, EXIT_USAGE, fail
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     rw = sub.add_parser("rewind", parents=[common],
-                        help="undo turns N and later: files Cairn's tools changed, the conversation, or both")
+                        help="undo turns N and later: the workspace (what Cairn's tools, and with git its commands, "
+                             "changed), the conversation, or both")
     rw.add_argument("session_id", metavar="SESSION_ID")
     rw.add_argument("--turn", type=int, metavar="N", help="the first turn to undo (see `cairn show`)")
     what = rw.add_mutually_exclusive_group()
