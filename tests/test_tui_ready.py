@@ -46,13 +46,14 @@ async def test_the_prompt_takes_keys_before_the_agent_stack_is_built_and_a_promp
     import cairn.app.screens.chat as chat_module
 
     gate = threading.Event()
-    real = chat_module.import_agent_stack
+    real = chat_module.load_agent_stack
 
-    def held() -> None:  # runs in a thread: the agent stack is not built until the test says so
-        gate.wait(30)
-        real()
+    async def held() -> None:  # the agent stack is not built until the test says so; the event loop keeps running
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+        await real()
 
-    monkeypatch.setattr(chat_module, "import_agent_stack", held)
+    monkeypatch.setattr(chat_module, "load_agent_stack", held)
     world = make_world(tmp_path, [{"text": "hello back"}])
     app = world.new_app()
     try:

@@ -79,6 +79,14 @@ def import_agent_stack() -> None:
         importlib.import_module(name)
 
 
+async def load_agent_stack() -> None:
+    """Import the agent stack after the first frame, on the event loop's own thread: importing in a worker thread while
+    this thread imports cairn modules too (a screen, the rewind engine) can hand one of them a half-initialised module
+    (seen in a fresh install: ApprovalModal missing, so no approval could open). A test seam: hold it to keep the TUI
+    without an agent."""
+    import_agent_stack()
+
+
 def builtin_safety_if_loaded(name: str) -> str:
     """A built-in tool's safety class for a card drawn before its `tool/call` says it ("?" until the tools are
     imported with the agent stack: history cards take it from their `tool/call` anyway)."""
@@ -229,13 +237,13 @@ class ChatScreen(Screen[None]):
         await self.session.flush()
 
     def _start_agent(self) -> None:
-        """Right after the first frame: build the agent stack (loop, tools, providers, MCP servers) in a worker, its
-        imports in a thread, so the prompt takes keys meanwhile. A prompt sent before it is ready waits for it."""
+        """Right after the first frame: build the agent stack (loop, tools, providers, MCP servers) in a worker, so the
+        screen is drawn first. A prompt sent before it is ready waits for it."""
         if self._worker is None and not self._stop.is_set():
             self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
 
     async def _run_agent(self) -> None:
-        await asyncio.to_thread(import_agent_stack)
+        await load_agent_stack()
         from ..compose import mount_agent
 
         async with AsyncExitStack() as stack:
