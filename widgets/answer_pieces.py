@@ -189,3 +189,31 @@ def pieces_of(text: str) -> Iterable[Piece]:
     """The pieces a whole text is cut into (what history shows, and what a finished stream leaves)."""
     sealer = Sealer()
     return sealer.feed(text) + sealer.finish()
+
+
+_FENCE_LINE = re.compile(r"(`{3,}|~{3,})([^`]*)")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def code_lines(text: str) -> list[str] | None:
+    """The lines a piece that is nothing but one fenced code block draws, one per line (blank lines at either edge
+    dropped, as `answer_text` drops them); None for any other piece. Lets a sealed code piece be measured without
+    being highlighted (`answer_text`: it is drawn only if it ever comes on screen)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) < 2:
+        return None
+    opening = _FENCE_LINE.fullmatch(lines[0])
+    if opening is None or lines[-1].rstrip(" ") != opening[1]:
+        return None
+    marker = opening[1]
+    closing = re.compile(r" {0,3}" + re.escape(marker[0]) + "{" + str(len(marker)) + r",}[ \t]*")
+    code = lines[1:-1]
+    if any(_CONTROL.search(line) or closing.fullmatch(line) for line in code):
+        return None
+    while code and not code[0].strip():
+        code.pop(0)
+    while code and not code[-1].strip():
+        code.pop()
+    return code
