@@ -17,6 +17,8 @@ from cairn.persistence.coordinator import CoordinatorClosed
 from cairn.persistence.errors import CheckpointFailed
 from cairn.persistence.session import LiveSession
 
+WRITE_BEHIND_DELAY = 0.2  # seconds after the first frame before write-behind starts (see on_mount)
+
 
 class PersistenceService(Widget):
     DEFAULT_CSS = "PersistenceService { display: none; }"
@@ -42,7 +44,10 @@ class PersistenceService(Widget):
         self.barriers_handled = 0
 
     def on_mount(self) -> None:
-        self.session.coordinator.start()
+        # write-behind a moment after the first frame: its first wait loads anyio's asyncio backend (~20-30 ms in one
+        # block, start-up P8); appends made before then are queued and written when it starts, and a barrier flushes
+        # without it
+        self.call_after_refresh(self.set_timer, WRITE_BEHIND_DELAY, self.session.coordinator.start)
         self.session.route_barriers(self.request_barrier)
 
     async def request_barrier(self) -> None:

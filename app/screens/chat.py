@@ -8,6 +8,7 @@ the transcript applies them exactly as it applies history.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from contextlib import AsyncExitStack
@@ -30,6 +31,7 @@ from cairn.persistence.events import (
     AssistantMessage,
     ReasoningChunk,
     RecoveryVerdict,
+    RewindPlan,
     StepEnd,
     TurnEnd,
     TurnStart,
@@ -66,17 +68,22 @@ MAX_FRAME = 0.5
 ESC_ESC = 0.6  # seconds: two Esc presses on an empty prompt this close together open the rewind dialog
 ANSWER_STARTED = (AssistantChunk, ReasoningChunk, AssistantMessage, TurnEnd)  # `sending…` ends with the first of these
 UI_SHARE = 8  # frames are spaced at least this many times their cost: drawing takes at most ~1/8 of the event loop
+AFTER_FIRST_FRAME = 0.15  # seconds between the first frame and building the agent stack (a prompt sent sooner waits)
+SLICE_PAUSE = 0.004  # seconds the event loop is let go between two of the agent stack's imports
 
 
-AGENT_STACK = ("cairn.app.compose", "cairn.app.agent.approval", "cairn.app.screens.approval")
-
-
-def import_agent_stack() -> None:
-    """The agent stack's modules (loop, policy, tools, providers; the approval dialog), imported off the event loop."""
-    import importlib
-
-    for name in AGENT_STACK:
-        importlib.import_module(name)
+# Imported after the first frame one module at a time, leaves first, with the event loop let go between two: each is
+# a few milliseconds, so keys typed meanwhile are echoed at once instead of after the whole stack (P8). The agent stack
+# (loop, policy, tools, providers; the approval dialog) and the Markdown renderer the first answer needs. A module left
+# out of this list is simply imported with the first one that needs it.
+AGENT_STACK = (
+    "html.entities", "markdown_it.common.utils", "markdown_it.rules_inline", "markdown_it.helpers",
+    "markdown_it.rules_block", "markdown_it", "pygments.lexer", "rich.syntax", "rich.markdown",
+    "cairn.widgets.answer_markdown", "anyio._backends._asyncio", "cairn.app.agent.hooks", "cairn.app.providers.base",
+    "cairn.app.agent.compaction", "anyio.lowlevel", "ctypes", "cairn.app.tools.base", "cairn.app.tools.files",
+    "cairn.app.tools.command", "cairn.app.agent.loop", "cairn.app.compose", "cairn.app.agent.approval",
+    "cairn.app.screens.approval",
+)
 
 
 async def load_agent_stack() -> None:
@@ -84,7 +91,14 @@ async def load_agent_stack() -> None:
     this thread imports cairn modules too (a screen, the rewind engine) can hand one of them a half-initialised module
     (seen in a fresh install: ApprovalModal missing, so no approval could open). A test seam: hold it to keep the TUI
     without an agent."""
-    import_agent_stack()
+    import importlib
+
+    for name in AGENT_STACK:
+        if name not in sys.modules:
+            importlib.import_module(name)
+            # long enough for a key typed meanwhile to go all the way through (app, screen, prompt, update timer: a
+            # few hops of the event loop each), not just one turn of the loop
+            await asyncio.sleep(SLICE_PAUSE)
 
 
 def builtin_safety_if_loaded(name: str) -> str:
@@ -130,6 +144,7 @@ class ChatScreen(Screen[None]):
         self.resume_pending = False
         self._stop = asyncio.Event()
         self._agent_ready = asyncio.Event()
+        self._agent_wanted = asyncio.Event()  # a prompt waits for the agent: build it now, not a moment later
         self._worker: Any = None
         self._compacting = False  # a summary request runs (context compaction): the status bar says so
         self._sending = False  # a prompt was handed over and no answer has started yet: the status bar says `sending…`
@@ -243,6 +258,11 @@ class ChatScreen(Screen[None]):
             self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
 
     async def _run_agent(self) -> None:
+        # a moment after the first frame (keys typed right after the screen appears are echoed before the imports
+        # begin, P8), at once if a prompt is already waiting. Waited here, in the worker: a Textual timer would reach
+        # this screen through its message queue, which a prompt waiting for the agent holds (a deadlock)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._agent_wanted.wait(), AFTER_FIRST_FRAME)
         await load_agent_stack()
         from ..compose import mount_agent
 
@@ -299,6 +319,8 @@ class ChatScreen(Screen[None]):
     def _settle_interrupted_rewind(self) -> None:
         """A rewind a crash interrupted: say what was and was not restored, and finish or abandon it before the next
         turn (the prompt sends nothing meanwhile)."""
+        if not any(isinstance(e, RewindPlan) for e in self.session.events):
+            return  # nearly always: the rewind engine and its dialog are imported only when needed (start-up, P8)
         from ..agent.rewind import pending_rewind
         from .rewind import PendingRewindScreen
 
@@ -611,6 +633,7 @@ class ChatScreen(Screen[None]):
         if not self._in_loop and not self.pending:
             self._sending = True  # said at once, before the request leaves (cleared when the answer starts)
             self._refresh_activity()
+        self._agent_wanted.set()
         await self._agent_ready.wait()
         assert self.agent is not None
         if self._in_loop or self.pending:
