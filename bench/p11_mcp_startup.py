@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import emit, header, median, temp_dir  # noqa: E402  (puts the project on sys.path)
+from _common import compile_bytecode, emit, header, median, temp_dir  # noqa: E402  (puts the project on sys.path)
 from p8_tui_open import Tmux, cairn_command, long_session_events, resume_once, write_session
 
 TARGET_OVER_SDK_S = 0.3
@@ -48,6 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     with temp_dir("p11") as root:
         header("P11 MCP start-up: cairn run vs the SDK's own client; TUI open with and without a server", root)
+        print(f"   {compile_bytecode()}")
         home, ws = root / "home", root / "ws"
         ws.mkdir()
         (root / "none.toml").write_text("")

@@ -4,7 +4,7 @@ answer shapes: prose paragraphs, a 2000-item tight list, a 300-row table and a 2
 Both faces use the same script provider, composition, policy and JSONL store; the difference is the face: the TUI
 batches the events into the chat screen and renders Markdown, `cairn run` writes deltas to stdout (here /dev/null).
 Each answer is paced like a fast model (4,000 chunks, 1 ms apart): does the TUI keep up whatever the shape? Target per
-shape: TUI time ≤ 1.5 × headless time, same run. A separate TUI run per shape presses Esc half-way through the stream
+shape: TUI time ≤ 1.25 × headless time (issue 29), same run. A separate TUI run per shape presses Esc half-way through the stream
 and measures until the turn has ended in the log (target ≤ 0.3 s). The unpaced prose figures (chunks as fast as the
 script can produce them) are reported too, as each face's ceiling in tokens/s.
 
@@ -25,7 +25,7 @@ import anyio
 from _common import emit, median, temp_dir  # noqa: E402  (puts the project on sys.path)
 
 TOKENS = 20_000  # prose: 400 paragraphs of 50 words
-TARGET = 1.5
+TARGET = 1.25  # issue 29 (was 1.5)
 ESC_TARGET = 0.3
 
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import emit, header, median, temp_dir  # noqa: E402  (puts the project on sys.path)
+from _common import compile_bytecode, emit, header, median, temp_dir  # noqa: E402  (puts the project on sys.path)
 
 TARGET_S = 1.0
 TARGET_RATIO = 1.5  # × the bare Textual app (issue 29); issue 12's ≤ 3 × `cairn show` is reported, not judged
@@ -181,6 +181,7 @@ def main() -> None:
     figures: dict[str, dict] = {}
     with temp_dir("p8") as root:
         header("P8 cairn resume open-to-usable vs cairn show", root)
+        print(f"   {compile_bytecode()}")
         home, workspace = root / "home", root / "ws"
         workspace.mkdir()
         sessions = {"80 turns": ("long-session", long_session_events(), "End of answer 80."),
