@@ -267,6 +267,16 @@ def dispatch(args: argparse.Namespace) -> int:
 def tui_command(args: argparse.Namespace, config: Any) -> int:
     """`cairn` (new session here) and `cairn resume [ID]` (default: the most recent session in this directory; the
     sessions screen when there is none). The session is opened, and repaired, before the app starts."""
+    from . import quiet_gc
+
+    quiet_gc.pause_until_first_frame()  # nothing start-up allocates is garbage: collect from the first frame on (P8)
+    try:
+        return run_tui(args, config)
+    finally:
+        quiet_gc.resume_collections()
+
+
+def run_tui(args: argparse.Namespace, config: Any) -> int:
     store = open_store(config)
     notice = None
     if args.command == "resume":

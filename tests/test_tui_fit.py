@@ -422,6 +422,38 @@ async def test_full_collections_are_held_while_the_app_runs_and_python_defaults_
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
+async def test_the_tui_start_up_collects_nothing_until_the_first_frame_then_collection_is_back_on(tmp_path):
+    """The CLI pauses the collector before Textual is imported (P8: start-up makes no garbage worth a collection);
+    the first frame freezes what start-up built and turns collection back on."""
+    import gc
+
+    from cairn.app import quiet_gc
+
+    world = make_world(tmp_path, [{"text": "short answer"}])
+    quiet_gc.pause_until_first_frame()
+    try:
+        assert not gc.isenabled()
+        app = world.new_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, gc.isenabled, "collection back on after the first frame")
+            assert gc.get_freeze_count() > 0  # frozen before collection resumed: start-up's objects are never scanned
+            await pilot.press("ctrl+q")
+    finally:
+        quiet_gc.resume_collections()
+    assert gc.isenabled()
+
+
+def test_a_tui_start_that_fails_before_its_first_frame_turns_collection_back_on(tmp_path, capsys):
+    import gc
+
+    from cairn.app.cli import EXIT_USAGE, main
+
+    assert gc.isenabled()
+    code = main(["--home", str(tmp_path / "home"), "resume", "no-such-session"])  # fails inside the paused start-up
+    assert code == EXIT_USAGE and "no session 'no-such-session'" in capsys.readouterr().err
+    assert gc.isenabled()
+
+
 async def test_drawing_while_no_event_arrived_does_not_slow_the_next_frames(tmp_path):
     """Frame pacing counts Textual's drawing since the last drain; after a quiet spell (typing, a blinking cursor) that
     drawing is not a frame's cost, so the first events after it are shown at the normal frame rate."""
