@@ -3,8 +3,8 @@
 Why: a widget that re-parses and re-lays-out the whole answer on every frame makes each chunk dearer as the answer grows
 (a 2000-item list took minutes). Here the text is cut into pieces (`answer_pieces.py`) and every finished piece is
 rendered to lines once (per width) and never touched again. Only the live piece is re-rendered per frame. Sealed and
-live pieces use the same renderer (`AnswerMarkdown`, or `PlainProse` for a piece of plain paragraphs, which draws
-the same lines without loading Markdown), so there is no seam.
+live pieces use the same renderer (`AnswerMarkdown`, or `PlainMarkdown` for a piece of plain paragraphs and bullet
+lists, which draws the same lines without loading Markdown), so there is no seam.
 
 The same pieces serve history: an answer read from the log is cut the same way, so a long one can be shown from its
 tail (`hidden`) and grow upwards as the user scrolls.
@@ -20,7 +20,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from .answer_pieces import Piece, Sealer, code_lines
-from .answer_prose import PlainProse, is_plain_prose
+from .answer_prose import PlainMarkdown, plain_blocks
 
 
 class AssistantText(Widget):
@@ -68,8 +68,9 @@ class AssistantText(Widget):
     def _render_piece(self, piece: Piece, width: int) -> list[Strip]:
         console = self.app.console
         options = self.app.console_options.update(highlight=False, width=width, height=None)
-        if is_plain_prose(piece.text):  # the same lines without the Markdown stack (start-up, P8)
-            renderable: object = PlainProse(piece.text)
+        blocks = plain_blocks(piece.text)
+        if blocks is not None:  # plain paragraphs and lists: the same lines without the Markdown stack (start-up, P8)
+            renderable: object = PlainMarkdown(blocks)
         else:
             from .answer_markdown import AnswerMarkdown  # (Markdown and Pygments load with the first such piece)
 
