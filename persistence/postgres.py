@@ -611,21 +611,23 @@ class PostgresBackend(Backend):
             if header.id != session_id:
                 raise CorruptDatabase(location, f"the session row's header names session {header.id[:70]!r}")
             lo, hi = row[1], row[2]
-            if lo is None or hi - lo < SPLIT_SEQS:
-                with gc_paused():  # 100k row tuples: nothing for the cyclic GC to find
+            with gc_paused():  # 100k row tuples, then the events: nothing for the cyclic GC to find
+                if lo is None or hi - lo < SPLIT_SEQS:
                     first, rest = _fetch_bodies(conn, session_id, None), None
-            else:
-                first, rest = self._fetch_split(conn, session_id, lo + (hi - lo + 1) // 2)
+                else:
+                    first, rest = self._fetch_split(conn, session_id, lo + (hi - lo + 1) // 2)
+                _end_transaction(conn)  # the snapshot is no longer needed (the helper has imported it)
+                try:
+                    events, pieces = decode_parts(_parts(first, rest), location)
+                except RecursionError:
+                    raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
+                finally:
+                    if rest is not None:
+                        rest.join()  # never leave the helper's fetch running (done already unless decoding failed)
+                    # Freed while the GC is paused: once it runs again, it has no row tuples to scan.
+                    del first, rest
         finally:
             _end_transaction(conn)
-        try:
-            events, pieces = decode_parts(_parts(first, rest), location)
-        except RecursionError:
-            raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
-        finally:
-            if rest is not None:
-                rest.join()  # never leave the helper's fetch running (it is done already unless decoding failed)
-        del first
         check, _ = verify_pieces(pieces, location, first_line=0, unit="seq")
         check.next_seq = len(events)
         return LoadedLog(header, events, location, check=check)
@@ -655,8 +657,7 @@ class PostgresBackend(Backend):
 
         rest = _Fetch(fetch_second)
         try:
-            with gc_paused():  # 100k row tuples: nothing for the cyclic GC to find
-                first = _fetch_bodies(conn, session_id, None, mid)
+            first = _fetch_bodies(conn, session_id, None, mid)
             rest.imported.wait()
         except BaseException:
             rest.join()
@@ -751,10 +752,11 @@ def decode_parts(parts: Iterable[list[tuple[bytes]]], location: str) -> tuple[li
                         events += event_decoder.decode_lines(piece)
                     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                         clean = False
+        # a blank last line is cut like a torn tail: decode_events' slow path
+        clean = clean and bool(last) and list(map(attrgetter("seq"), events)) == list(range(len(events)))
     if not pieces:
         return [], []
-    # a blank last line is cut like a torn tail: decode_events' slow path
-    if clean and last and list(map(attrgetter("seq"), events)) == list(range(len(events))):
+    if clean:
         return events, pieces
     events, _ = decode_events(b"".join(pieces), location, first_line=1, tail_may_be_torn=False)
     return events, pieces
