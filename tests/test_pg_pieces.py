@@ -13,7 +13,7 @@ from cairn.persistence.checks import RunningCheck, verify_checks, verify_pieces
 from cairn.persistence.codec import decode_events
 from cairn.persistence.errors import PersistenceError
 from cairn.persistence.events import TurnStart, UserMessage, encode_event
-from cairn.persistence.postgres import PIECE_ROWS, decode_rows
+from cairn.persistence.postgres import PIECE_ROWS, decode_parts, decode_rows
 from cairn.persistence.store import SessionStore
 
 
@@ -85,6 +85,9 @@ def test_pieces_decode_and_check_exactly_like_the_joined_body():
         body = b"".join(line + b"\n" for line in lines)
         rows = [(line,) for line in lines]
         assert outcome(lambda: decode_rows(rows, "db[s]")[0]) == \
+               outcome(lambda: decode_events(body, "db[s]", first_line=1, tail_may_be_torn=False)[0]), case
+        k = rng.randrange(len(rows) + 1)  # a split load's two halves, cut anywhere (either may be empty)
+        assert outcome(lambda: decode_parts([rows[:k], rows[k:]], "db[s]")[0]) == \
                outcome(lambda: decode_events(body, "db[s]", first_line=1, tail_may_be_torn=False)[0]), case
         cuts = sorted(rng.sample(range(1, len(lines)), min(len(lines) - 1, rng.randrange(0, 6)))) if lines else []
         pieces = [b"".join(line + b"\n" for line in lines[a:b]) for a, b in zip([0] + cuts, cuts + [len(lines)])]
