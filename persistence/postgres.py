@@ -18,6 +18,11 @@ the token is still its own and that its lock connection still holds the lock. A 
 connection killed, the server restarted) re-takes the lock and re-checks the token before it writes again; a writer
 whose token was replaced stops for good (StaleWriter).
 
+Reads: a load reads the header and the events in one REPEATABLE READ snapshot, so a writer appending meanwhile is
+either wholly in it or not at all. A large session (SPLIT_SEQS) is fetched in two halves on two connections, the
+second importing the first's exported snapshot: the two server backends produce the rows side by side while the
+client decodes. The reader and that helper connection are cached for the backend's life.
+
 Faults are fail-closed: any failure of a write leaves the events queued in the coordinator, the broken connection is
 dropped, and the next write reconnects and re-sends everything since the last durable barrier (ON CONFLICT makes a
 re-sent row harmless). Every psycopg error becomes one readable persistence error; a database URL's credentials never
@@ -348,7 +353,7 @@ class PostgresBackend(Backend):
         self._schema_name: str | None = None
         self._reader: Any | None = None
         self._helper: Any | None = None  # the second connection of a split load (_fetch_split)
-        self._read_lock = threading.Lock()  # a load's transaction on the cached connections is never interleaved
+        self._read_lock = threading.RLock()  # a load's transaction on the cached connections is never interleaved
 
     # -- connections and errors ----------------------------------------------------------------------------------
 
