@@ -636,17 +636,22 @@ class PostgresBackend(Backend):
         check.next_seq = len(events)
         return LoadedLog(header, events, location, check=check)
 
-    def _fetch_split(self, conn: Any, session_id: str, mid: int) -> tuple[list[tuple[bytes]], "_Fetch"]:
+    def _fetch_split(self, conn: Any, session_id: str, mid: int) -> tuple[list[tuple[bytes]], "_Fetch | None"]:
         """The bodies of seqs below `mid`, fetched on `conn`, and a thread fetching those from `mid` on, on the helper
         connection, in `conn`'s snapshot (exported): together exactly what one `ORDER BY seq` returns. The two server
         backends work side by side, and the second half keeps arriving while the first is decoded (psycopg waits and
-        reads without the GIL). Returns once the helper has imported the snapshot: `conn`'s transaction may end."""
+        reads without the GIL). Returns once the helper has imported the snapshot: `conn`'s transaction may end.
+        When no second connection can be had (the server's connection limit, say), `conn` fetches the rest itself:
+        a large session loads wherever a small one does."""
         snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
 
-        def fetch_second(imported: threading.Event) -> list[tuple[bytes]]:
+        def fetch_second(imported: threading.Event) -> list[tuple[bytes]] | None:
             helper = self._helper
             if helper is None or helper.closed:
-                helper = self._helper = self.connect("read")
+                try:
+                    helper = self._helper = self.connect("read")
+                except StoreUnavailable:
+                    return None
             try:
                 helper.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 try:
@@ -666,6 +671,9 @@ class PostgresBackend(Backend):
         except BaseException:
             rest.join()
             raise
+        if rest.declined():  # no helper: the snapshot is still this transaction's own
+            rest.join()
+            return first + _fetch_bodies(conn, session_id, mid), None
         return first, rest
 
     def _drop_helper(self) -> None:
@@ -774,13 +782,13 @@ def decode_parts(parts: Iterable[list[Any]], location: str) -> tuple[list[Any], 
 class _Fetch:
     """A fetch running in a thread of its own; `result()` waits for it and returns its rows or raises its error."""
 
-    def __init__(self, fetch: Callable[[threading.Event], list[tuple[bytes]]]) -> None:
+    def __init__(self, fetch: Callable[[threading.Event], list[tuple[bytes]] | None]) -> None:
         self.imported = threading.Event()  # set once the fetch has its snapshot (or has failed)
         self._outcome: list[Any] = []
         self._thread = threading.Thread(target=self._run, args=(fetch,), name="cairn-pg-load", daemon=True)
         self._thread.start()
 
-    def _run(self, fetch: Callable[[threading.Event], list[tuple[bytes]]]) -> None:
+    def _run(self, fetch: Callable[[threading.Event], list[tuple[bytes]] | None]) -> None:
         try:
             self._outcome.append(fetch(self.imported))
         except BaseException as e:  # re-raised in the loading thread, which translates it as any read error
@@ -790,6 +798,10 @@ class _Fetch:
 
     def join(self) -> None:
         self._thread.join()
+
+    def declined(self) -> bool:
+        """Whether the fetch ended without fetching (it returned None); known once `imported` is set."""
+        return self._outcome == [None]
 
     def result(self) -> list[tuple[bytes]]:
         self._thread.join()

@@ -231,3 +231,31 @@ def test_a_split_load_whose_helper_connection_is_killed_is_retried_then_reported
             reader.inspect("s")
     finally:
         reader.backend.close()
+
+
+def test_a_split_load_without_a_second_connection_fetches_it_all_on_one(tmp_path, pg_store, pg_database_url,
+                                                                        split_small):
+    """No second connection to be had (the server's connection limit: not something to do to the shared server, so
+    the connect seam refuses it): the load still returns the whole session, on the one connection, no retry."""
+    import psycopg
+
+    from cairn.persistence.postgres import PostgresBackend, default_connect
+
+    write(pg_store, 2500)
+    reads = []
+
+    def connect(url, role, **kwargs):
+        if role == "read":
+            reads.append(role)
+            if len(reads) == 2:
+                raise psycopg.OperationalError("FATAL:  sorry, too many clients already")
+        return default_connect(url, role, **kwargs)
+
+    reader = SessionStore(tmp_path / "reader", PostgresBackend(pg_database_url, connect=connect))
+    try:
+        assert [e.seq for e in reader.inspect("s").events] == list(range(2500))
+        assert len(reads) == 2 and reader.backend._helper is None  # the reader was not dropped and retried
+        assert [e.seq for e in reader.inspect("s").events] == list(range(2500))  # the next load has its helper
+        assert reader.backend._helper is not None
+    finally:
+        reader.backend.close()
