@@ -60,7 +60,10 @@ def main() -> None:
             pg_ns = now_ns() - t0
             client_ns = time.process_time_ns() - c0
             assert len(inspection.events) == EVENTS and inspection.live_pid is None
-            server = backend_cpu_ms(store.backend._reader.info.backend_pid)  # a new backend: all of it is this load
+            # New backends: all of their CPU is this load (a split load's helper connection too, when there is one).
+            backends = [c.info.backend_pid for c in (store.backend._reader, getattr(store.backend, "_helper", None)) if c]
+            cpus = [backend_cpu_ms(pid) for pid in backends]
+            server = None if None in cpus else sum(cpus)
             store.backend.close()
             del inspection
             gc.collect()

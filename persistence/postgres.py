@@ -18,6 +18,11 @@ the token is still its own and that its lock connection still holds the lock. A 
 connection killed, the server restarted) re-takes the lock and re-checks the token before it writes again; a writer
 whose token was replaced stops for good (StaleWriter).
 
+Reads: a load reads the header and the events in one REPEATABLE READ snapshot, so a writer appending meanwhile is
+either wholly in it or not at all. A large session (SPLIT_SEQS) is fetched in two halves on two connections, the
+second importing the first's exported snapshot: the two server backends produce the rows side by side while the
+client decodes. The reader and that helper connection are cached for the backend's life.
+
 Faults are fail-closed: any failure of a write leaves the events queued in the coordinator, the broken connection is
 dropped, and the next write reconnects and re-sends everything since the last durable barrier (ON CONFLICT makes a
 re-sent row harmless). Every psycopg error becomes one readable persistence error; a database URL's credentials never
@@ -34,13 +39,15 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from operator import attrgetter, itemgetter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import msgspec
 import psycopg
 from psycopg import errors as pgerrors
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from .backend import Backend, EncodedEvent, LoadedLog, Writer
@@ -79,6 +86,10 @@ DEAD_HOLDER_WAIT = 10.0
 # A load decodes and checks the bodies in pieces of this many rows (~0.5 MB for typical events): small enough to stay in
 # the cache between the join and the decode, large enough that the per-piece work is nothing.
 PIECE_ROWS = 1000
+# A session spanning more seqs than this is fetched in two halves, on two connections in one snapshot: the two server
+# backends then produce the rows side by side instead of one after the other (P4 in docs/benchmarks.md). Below it, the
+# second connection would cost more than it saves.
+SPLIT_SEQS = 20_000
 _SCHEMA_LOCK = 0x636169726E5F7363  # transaction-level advisory lock serializing schema creation ("cairn_sc")
 
 DDL = (
@@ -341,6 +352,8 @@ class PostgresBackend(Backend):
         self._schema_ready = False
         self._schema_name: str | None = None
         self._reader: Any | None = None
+        self._helper: Any | None = None  # the second connection of a split load (_fetch_split)
+        self._read_lock = threading.RLock()  # a load's transaction on the cached connections is never interleaved
 
     # -- connections and errors ----------------------------------------------------------------------------------
 
@@ -398,23 +411,26 @@ class PostgresBackend(Backend):
 
     def _read(self, doing: str, query: Callable[[Any], Any]) -> Any:
         """Run a read on the cached reader connection; one reconnect when the connection turned out to be dead."""
-        for attempt in range(2):
-            if self._reader is None or self._reader.closed:
-                self._reader = self.connect("read")
-            try:
-                return query(self._reader)
-            except psycopg.OperationalError as e:
-                _close_quietly(self._reader)
-                self._reader = None
-                if attempt:
+        with self._read_lock:
+            for attempt in range(2):
+                if self._reader is None or self._reader.closed:
+                    self._reader = self.connect("read")
+                try:
+                    return query(self._reader)
+                except psycopg.OperationalError as e:
+                    _close_quietly(self._reader)
+                    self._reader = None
+                    self._drop_helper()
+                    if attempt:
+                        raise self.translate(e, doing) from None
+                except psycopg.Error as e:
                     raise self.translate(e, doing) from None
-            except psycopg.Error as e:
-                raise self.translate(e, doing) from None
 
     def close(self) -> None:
         if self._reader is not None:
             _close_quietly(self._reader)
             self._reader = None
+        self._drop_helper()
 
     # -- schema ----------------------------------------------------------------------------------------------------
 
@@ -549,7 +565,8 @@ class PostgresBackend(Backend):
             lock_conn = self.take_lock(session_id)
             token = secrets.token_hex(8)
             try:
-                log = self._load_with(conn, session_id)  # checked before anything is written (we hold the lock)
+                with self._read_lock:  # a split load uses the helper connection
+                    log = self._load_with(conn, session_id)  # checked before anything is written (we hold the lock)
                 with conn.transaction():
                     conn.execute(f"SET LOCAL synchronous_commit = {self.durable_level(conn)}")
                     cur = conn.execute("UPDATE sessions SET writer = %s WHERE id = %s", (token, session_id))
@@ -581,29 +598,88 @@ class PostgresBackend(Backend):
         return self._read(f"read session {session_id!r} from", query)
 
     def _load_with(self, conn: Any, session_id: str) -> LoadedLog:
+        """The session's header and events, read in one REPEATABLE READ snapshot (a writer may be appending)."""
         location = f"{self.where}[{session_id}]"
-        row = conn.execute("SELECT header FROM sessions WHERE id = %s", (session_id,)).fetchone()
-        if row is None:
-            raise SessionNotFound(session_id)
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         try:
-            header = decode_header(bytes(row[0]), location)
-        except RecursionError:
-            raise CorruptDatabase(location, "the session's header is nested too deeply") from None
-        if header.id != session_id:
-            raise CorruptDatabase(location, f"the session row's header names session {header.id[:70]!r}")
-        cur = conn.cursor(binary=True)
-        cur.execute("SELECT body FROM events WHERE session_id = %s ORDER BY seq", (session_id,))
-        with gc_paused():  # 100k row tuples: nothing for the cyclic GC to find
-            rows = cur.fetchall()
-        cur.close()
-        try:
-            events, pieces = decode_rows(rows, location)
-        except RecursionError:
-            raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
-        del rows
+            row = conn.execute(
+                "SELECT header, (SELECT min(seq) FROM events WHERE session_id = %(id)s), "
+                "(SELECT max(seq) FROM events WHERE session_id = %(id)s) FROM sessions WHERE id = %(id)s",
+                {"id": session_id},
+            ).fetchone()
+            if row is None:
+                raise SessionNotFound(session_id)
+            try:
+                header = decode_header(bytes(row[0]), location)
+            except RecursionError:
+                raise CorruptDatabase(location, "the session's header is nested too deeply") from None
+            if header.id != session_id:
+                raise CorruptDatabase(location, f"the session row's header names session {header.id[:70]!r}")
+            lo, hi = row[1], row[2]
+            with gc_paused():  # 100k row tuples, then the events: nothing for the cyclic GC to find
+                if lo is None or hi - lo < SPLIT_SEQS:
+                    first, rest = _fetch_bodies(conn, session_id, None), None
+                else:
+                    first, rest = self._fetch_split(conn, session_id, lo + (hi - lo + 1) // 2)
+                _end_transaction(conn)  # the snapshot is no longer needed (the helper has imported it)
+                try:
+                    events, pieces = decode_parts(_parts(first, rest), location)
+                except RecursionError:
+                    raise CorruptDatabase(location, "an event's JSON is nested too deeply") from None
+                finally:
+                    if rest is not None:
+                        rest.join()  # never leave the helper's fetch running (done already unless decoding failed)
+                    del first, rest  # (emptied by decode_parts) freed while the GC is paused
+        finally:
+            _end_transaction(conn)
         check, _ = verify_pieces(pieces, location, first_line=0, unit="seq")
         check.next_seq = len(events)
         return LoadedLog(header, events, location, check=check)
+
+    def _fetch_split(self, conn: Any, session_id: str, mid: int) -> tuple[list[tuple[bytes]], "_Fetch | None"]:
+        """The bodies of seqs below `mid`, fetched on `conn`, and a thread fetching those from `mid` on, on the helper
+        connection, in `conn`'s snapshot (exported): together exactly what one `ORDER BY seq` returns. The two server
+        backends work side by side, and the second half keeps arriving while the first is decoded (psycopg waits and
+        reads without the GIL). Returns once the helper has imported the snapshot: `conn`'s transaction may end.
+        When no second connection can be had (the server's connection limit, say), `conn` fetches the rest itself:
+        a large session loads wherever a small one does."""
+        snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+
+        def fetch_second(imported: threading.Event) -> list[tuple[bytes]] | None:
+            helper = self._helper
+            if helper is None or helper.closed:
+                try:
+                    helper = self._helper = self.connect("read")
+                except StoreUnavailable:
+                    return None
+            try:
+                helper.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                try:
+                    helper.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+                    imported.set()
+                    return _fetch_bodies(helper, session_id, mid)
+                finally:
+                    _end_transaction(helper)
+            except psycopg.OperationalError:
+                self._drop_helper()
+                raise
+
+        rest = _Fetch(fetch_second)
+        try:
+            first = _fetch_bodies(conn, session_id, None, mid)
+            rest.imported.wait()
+        except BaseException:
+            rest.join()
+            raise
+        if rest.declined():  # no helper: the snapshot is still this transaction's own
+            rest.join()
+            return first + _fetch_bodies(conn, session_id, mid), None
+        return first, rest
+
+    def _drop_helper(self) -> None:
+        if self._helper is not None:
+            _close_quietly(self._helper)
+            self._helper = None
 
     def exists(self, session_id: str) -> bool:
         def query(conn: Any) -> bool:
@@ -662,26 +738,102 @@ def decode_rows(rows: list[tuple[bytes]], location: str) -> tuple[list[Any], lis
     made in fresh memory (both were a fifth of a cold load: P4 in docs/benchmarks.md). Only a clean log is decoded
     here; anything else (a line that does not decode, a seq out of place, an ignorable event, a blank last body) is
     left to `decode_events` over the joined bodies, which decides and names it as for every backend."""
-    if not rows:
-        return [], []
+    return decode_parts([list(rows)], location)
+
+
+def decode_parts(parts: Iterable[list[Any]], location: str) -> tuple[list[Any], list[bytes]]:
+    """`decode_rows` of the parts' rows one after the other, each part decoded as soon as it is there (a split load
+    decodes the first half while the second is still arriving). Where the pieces are cut changes nothing: the outcome
+    is that of the joined bodies either way. The parts are emptied as they are read: each row is freed, and each
+    piece's seqs are checked, right after the piece is made, while all of it is still in the cache (the same work on
+    the whole session afterwards was ~30 ms more CPU for P4's 100k rows)."""
     pieces: list[bytes] = []
     events: list[Any] = []
-    clean = bool(rows[-1][0])  # a blank last line is cut like a torn tail: decode_events' slow path
+    clean = True
+    last = b""
     with gc_paused():
-        for i in range(0, len(rows), PIECE_ROWS):
-            part = rows[i : i + PIECE_ROWS]
-            part.append((b"",))
-            piece = b"\n".join(map(itemgetter(0), part))
-            pieces.append(piece)
-            if clean:
-                try:
-                    events += event_decoder.decode_lines(piece)
-                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                    clean = False
-    if clean and list(map(attrgetter("seq"), events)) == list(range(len(events))):
+        for rows in parts:
+            if not rows:
+                continue
+            last = rows[-1][0]
+            for i in range(0, len(rows), PIECE_ROWS):
+                part = rows[i : i + PIECE_ROWS]
+                rows[i : i + PIECE_ROWS] = [None] * len(part)
+                part.append((b"",))
+                piece = b"\n".join(map(itemgetter(0), part))
+                del part
+                pieces.append(piece)
+                if clean:
+                    try:
+                        new = event_decoder.decode_lines(piece)
+                    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                        clean = False
+                        continue
+                    clean = list(map(attrgetter("seq"), new)) == list(range(len(events), len(events) + len(new)))
+                    events += new
+    if not pieces:
+        return [], []
+    if clean and last:  # a blank last line is cut like a torn tail: decode_events' slow path
         return events, pieces
     events, _ = decode_events(b"".join(pieces), location, first_line=1, tail_may_be_torn=False)
     return events, pieces
+
+
+class _Fetch:
+    """A fetch running in a thread of its own; `result()` waits for it and returns its rows or raises its error."""
+
+    def __init__(self, fetch: Callable[[threading.Event], list[tuple[bytes]] | None]) -> None:
+        self.imported = threading.Event()  # set once the fetch has its snapshot (or has failed)
+        self._outcome: list[Any] = []
+        self._thread = threading.Thread(target=self._run, args=(fetch,), name="cairn-pg-load", daemon=True)
+        self._thread.start()
+
+    def _run(self, fetch: Callable[[threading.Event], list[tuple[bytes]] | None]) -> None:
+        try:
+            self._outcome.append(fetch(self.imported))
+        except BaseException as e:  # re-raised in the loading thread, which translates it as any read error
+            self._outcome.append(e)
+        finally:
+            self.imported.set()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def declined(self) -> bool:
+        """Whether the fetch ended without fetching (it returned None); known once `imported` is set."""
+        return self._outcome == [None]
+
+    def result(self) -> list[tuple[bytes]]:
+        self._thread.join()
+        if isinstance(self._outcome[0], BaseException):
+            raise self._outcome[0]
+        return self._outcome[0]
+
+
+def _parts(first: list[tuple[bytes]], rest: _Fetch | None) -> Iterator[list[tuple[bytes]]]:
+    yield first
+    if rest is not None:
+        yield rest.result()
+
+
+def _fetch_bodies(conn: Any, session_id: str, start: int | None, stop: int | None = None) -> list[tuple[bytes]]:
+    """The bodies of the session's seqs in [start, stop) (None: unbounded), in seq order."""
+    where = (" AND seq >= %(start)s" if start is not None else "") + (" AND seq < %(stop)s" if stop is not None else "")
+    cur = conn.cursor(binary=True)
+    cur.execute(f"SELECT body FROM events WHERE session_id = %(id)s{where} ORDER BY seq",
+                {"id": session_id, "start": start, "stop": stop})
+    rows = cur.fetchall()
+    cur.close()
+    return rows
+
+
+def _end_transaction(conn: Any) -> None:
+    """Roll back a read's transaction; a connection that broke meanwhile is left as it is (its error is raised)."""
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            pass
 
 
 def _dead_here(host: str | None, pid: int | None) -> bool:

@@ -13,7 +13,7 @@ from cairn.persistence.checks import RunningCheck, verify_checks, verify_pieces
 from cairn.persistence.codec import decode_events
 from cairn.persistence.errors import PersistenceError
 from cairn.persistence.events import TurnStart, UserMessage, encode_event
-from cairn.persistence.postgres import PIECE_ROWS, decode_rows
+from cairn.persistence.postgres import PIECE_ROWS, decode_parts, decode_rows
 from cairn.persistence.store import SessionStore
 
 
@@ -86,6 +86,9 @@ def test_pieces_decode_and_check_exactly_like_the_joined_body():
         rows = [(line,) for line in lines]
         assert outcome(lambda: decode_rows(rows, "db[s]")[0]) == \
                outcome(lambda: decode_events(body, "db[s]", first_line=1, tail_may_be_torn=False)[0]), case
+        k = rng.randrange(len(rows) + 1)  # a split load's two halves, cut anywhere (either may be empty)
+        assert outcome(lambda: decode_parts([rows[:k], rows[k:]], "db[s]")[0]) == \
+               outcome(lambda: decode_events(body, "db[s]", first_line=1, tail_may_be_torn=False)[0]), case
         cuts = sorted(rng.sample(range(1, len(lines)), min(len(lines) - 1, rng.randrange(0, 6)))) if lines else []
         pieces = [b"".join(line + b"\n" for line in lines[a:b]) for a, b in zip([0] + cuts, cuts + [len(lines)])]
         pieces = [p for p in pieces if p]
@@ -130,3 +133,129 @@ def test_a_session_of_several_pieces_loads_whole_and_damage_in_any_piece_is_name
         db.execute("DELETE FROM events WHERE seq = 1500")
     with pytest.raises(PersistenceError, match="seq 1501 where 1500 was expected"):
         pg_store.inspect("s")
+
+
+# -- split loads: a large session is fetched in two halves, on two connections in one snapshot ------------------------
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    """Split sessions of more than 1,000 seqs (instead of SPLIT_SEQS): the tests' sessions are small."""
+    from cairn.persistence import postgres
+
+    monkeypatch.setattr(postgres, "SPLIT_SEQS", 1000)
+
+
+def test_a_split_load_reads_the_whole_session_and_names_damage_in_either_half(pg_store, pg_database_url, split_small):
+    from pg_helpers import connect_to
+
+    n = 2 * PIECE_ROWS + 500  # seqs 0–2499: the halves are 0–1249 and 1250–2499
+    write(pg_store, n)
+    assert [e.seq for e in pg_store.inspect("s").events] == list(range(n))
+    assert pg_store.backend._helper is not None  # the second half came through the helper connection
+    with connect_to(pg_database_url) as db:
+        db.execute("UPDATE events SET body = convert_to(replace(convert_from(body, 'UTF8'), 'event 2100', 'event 2101'), 'UTF8') WHERE seq = 2100")
+    with pytest.raises(PersistenceError, match=r"changed after they were written \(the check of seqs 2099–2399"):
+        pg_store.inspect("s")
+    with connect_to(pg_database_url) as db:
+        db.execute("UPDATE events SET body = convert_to(replace(convert_from(body, 'UTF8'), 'event 2101', 'event 2100'), 'UTF8') WHERE seq = 2100")
+        db.execute("DELETE FROM events WHERE seq = 1250")  # the first row of the second half
+    with pytest.raises(PersistenceError, match="seq 1251 where 1250 was expected"):
+        pg_store.inspect("s")
+    with connect_to(pg_database_url) as db:
+        db.execute("DELETE FROM events WHERE seq = 700")  # the first half
+    with pytest.raises(PersistenceError, match="seq 701 where 700 was expected"):
+        pg_store.inspect("s")
+
+
+def test_a_split_load_reads_one_snapshot_while_a_live_writer_appends(tmp_path, pg_database_url, split_small):
+    """The live writer commits more events after the loading connection exported its snapshot and before the helper
+    fetches the second half: the helper must not see them (without the snapshot it would return seqs 2500–2599)."""
+    from cairn.persistence.postgres import PostgresBackend, default_connect
+
+    writer_store = SessionStore(tmp_path / "writer", "postgres", database_url=pg_database_url)
+    opened = writer_store.create(cwd="/w", session_id="s", created=999)
+    events = [UserMessage(seq=i, time=1000 + i, turn=1, step=0, text=f"event {i}") for i in range(2600)]
+    for i in range(0, 2500, 500):
+        opened.writer.append([(e.seq, encode_event(e)) for e in events[i : i + 500]], durable=True)
+    reads = []
+
+    def connect(url, role, **kwargs):
+        conn = default_connect(url, role, **kwargs)
+        if role == "read":
+            reads.append(conn)
+            if len(reads) == 2:  # the helper: the snapshot is exported by now
+                opened.writer.append([(e.seq, encode_event(e)) for e in events[2500:]], durable=True)
+        return conn
+
+    reader = SessionStore(tmp_path / "reader", PostgresBackend(pg_database_url, connect=connect))
+    try:
+        assert [e.seq for e in reader.inspect("s").events] == list(range(2500))
+        assert len(reads) == 2
+        assert [e.seq for e in reader.inspect("s").events] == list(range(2600))  # the next load sees them
+    finally:
+        reader.backend.close()
+        opened.writer.close()
+        opened.lock.release()
+
+
+def test_a_split_load_whose_helper_connection_is_killed_is_retried_then_reported(tmp_path, pg_store, pg_database_url,
+                                                                                split_small):
+    """The server ends the helper's connection (a real admin termination): the load is retried on new connections,
+    and when every helper is killed the reader gets one readable StoreUnavailable, not a traceback."""
+    from pg_helpers import admin
+
+    from cairn.persistence.errors import StoreUnavailable
+    from cairn.persistence.postgres import PostgresBackend, default_connect
+
+    write(pg_store, 2500)
+    reads, kill = [], {"helpers": "first"}
+
+    def connect(url, role, **kwargs):
+        conn = default_connect(url, role, **kwargs)
+        if role == "read":
+            reads.append(conn)
+            helper = len(reads) % 2 == 0  # every second read connection is a load's helper
+            if helper and (kill["helpers"] == "all" or len(reads) == 2):
+                with admin() as db:
+                    assert db.execute("SELECT pg_terminate_backend(%s, 5000)", (conn.info.backend_pid,)).fetchone()[0]
+        return conn
+
+    reader = SessionStore(tmp_path / "reader", PostgresBackend(pg_database_url, connect=connect))
+    try:
+        assert [e.seq for e in reader.inspect("s").events] == list(range(2500))
+        assert len(reads) == 4  # reader + helper, killed; then both anew
+        reader.backend.close()
+        kill["helpers"] = "all"
+        with pytest.raises(StoreUnavailable, match=r"cannot read session 's' from postgresql://"):
+            reader.inspect("s")
+    finally:
+        reader.backend.close()
+
+
+def test_a_split_load_without_a_second_connection_fetches_it_all_on_one(tmp_path, pg_store, pg_database_url,
+                                                                        split_small):
+    """No second connection to be had (the server's connection limit: not something to do to the shared server, so
+    the connect seam refuses it): the load still returns the whole session, on the one connection, no retry."""
+    import psycopg
+
+    from cairn.persistence.postgres import PostgresBackend, default_connect
+
+    write(pg_store, 2500)
+    reads = []
+
+    def connect(url, role, **kwargs):
+        if role == "read":
+            reads.append(role)
+            if len(reads) == 2:
+                raise psycopg.OperationalError("FATAL:  sorry, too many clients already")
+        return default_connect(url, role, **kwargs)
+
+    reader = SessionStore(tmp_path / "reader", PostgresBackend(pg_database_url, connect=connect))
+    try:
+        assert [e.seq for e in reader.inspect("s").events] == list(range(2500))
+        assert len(reads) == 2 and reader.backend._helper is None  # the reader was not dropped and retried
+        assert [e.seq for e in reader.inspect("s").events] == list(range(2500))  # the next load has its helper
+        assert reader.backend._helper is not None
+    finally:
+        reader.backend.close()
