@@ -328,13 +328,18 @@ class JsonlBackend(Backend):
 
 
 def _read_all(fd: int, path: str) -> bytes:
+    """Everything in the file up to its end, read as it stands now. The first read asks for the size fstat gives, so a
+    file that does not grow meanwhile comes back as that one buffer: reading in 1 MB pieces and joining them copied a
+    50 MB session twice (~20 ms of P4). Reading goes on until end of file, so a file that grew is read whole too."""
     chunks = []
     try:
-        while chunk := os.read(fd, 1 << 20):
+        size = os.fstat(fd).st_size
+        while chunk := os.read(fd, max(size, 1 << 20)):
             chunks.append(chunk)
+            size = 0
     except OSError as e:
         raise SessionUnreadable(f"cannot read {path}: {e.strerror}", e) from None
-    return b"".join(chunks)
+    return b"".join(chunks)  # (one piece: that very object, no copy)
 
 
 def _too_deep_line(data: bytes) -> int:
