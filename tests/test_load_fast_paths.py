@@ -1,0 +1,116 @@
+"""The fast paths of loading and of the barrier (P1, P4 in docs/benchmarks.md) against the slow ways they replace.
+
+Each is an optimisation only: on clean and damaged input alike the outcome must be exactly the slow way's (the same
+position, the same bytes, the same error naming the same line). The slow ways are still in the code (the serial check
+below `PARALLEL_MIN`, `RunningCheck.stamp` plus a join), so they are compared directly on random input.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from cairn.persistence import checks
+from cairn.persistence.checks import RunningCheck, verify_checks
+from cairn.persistence.errors import PersistenceError
+from cairn.persistence.events import ToolCall, TurnStart, UserMessage, encode_event
+
+
+def stored_lines(n: int, rng: random.Random) -> list[bytes]:
+    """n event lines as a writer stores them: batches, some durable (those carry a check); a few tool calls whose
+    arguments hold a `chk` key, so the check mark also occurs where no check is (a stray mark)."""
+    events = []
+    for i in range(n):
+        if i % 7 == 0:
+            events.append(TurnStart(seq=i, time=1000 + i, turn=i))
+        elif rng.random() < 0.03:
+            events.append(ToolCall(seq=i, time=1000 + i, turn=1, step=1, call_id=f"c{i}", name="t",
+                                   arguments={"a": 1, "chk": "%08x" % rng.randrange(1 << 32)}, safety="read_only",
+                                   parent_call_id=None))
+        else:
+            events.append(UserMessage(seq=i, time=1000 + i, turn=1, step=0, text=f"line {i} " + "x" * rng.randrange(300)))
+    check, lines, i = RunningCheck(), [], 0
+    while i < n:
+        batch = [(e.seq, encode_event(e)) for e in events[i : i + rng.randrange(1, 40)]]
+        stamped, at = check.stamp(batch, durable=rng.random() < 0.5)
+        check.advance(at)
+        lines += [data for _, data in stamped]
+        i += len(batch)
+    return lines
+
+
+def damaged(lines: list[bytes], rng: random.Random) -> list[bytes]:
+    lines = list(lines)
+    k = rng.randrange(len(lines))
+    kind = rng.randrange(8)
+    if kind == 1:  # a byte changed inside a text: still JSON
+        j = lines[k].find(b"line ")
+        if j >= 0:
+            lines[k] = lines[k][:j] + b"fine " + lines[k][j + 5 :]
+    elif kind == 2:  # a line deleted
+        del lines[k]
+    elif kind == 3:  # a check's value changed
+        j = lines[k].find(checks.MARK)
+        if j >= 0:
+            lines[k] = lines[k][: j + 8] + (b"0" if lines[k][j + 8 : j + 9] != b"0" else b"1") + lines[k][j + 9 :]
+    elif kind == 4:  # a check's back offset changed
+        j = lines[k].find(b"@")
+        if j >= 0:
+            lines[k] = lines[k][: j + 1] + b"1" + lines[k][j + 1 :]
+    elif kind == 5:  # a check removed
+        j = lines[k].rfind(checks.MARK)
+        if j >= 0:
+            lines[k] = lines[k][:j] + b"}"
+    elif kind == 6:  # a blank line
+        lines[k] = b""
+    elif kind == 7:  # two lines swapped
+        j = rng.randrange(len(lines))
+        lines[k], lines[j] = lines[j], lines[k]
+    return lines  # kind 0: clean
+
+
+def outcome(call):
+    try:
+        return "ok", call()
+    except PersistenceError as e:
+        return type(e).__name__, str(e)
+
+
+def test_the_check_summed_in_a_thread_gives_exactly_the_serial_outcome(monkeypatch):
+    """Above PARALLEL_MIN the first check's sum is taken in a thread while the prefix is searched for stray marks;
+    with the threshold at 0 every body takes that way, and must come out as the serial check does."""
+    rng = random.Random(24)
+    seen = set()
+    for case in range(300):
+        lines = damaged(stored_lines(rng.randrange(1, 150), rng), rng)
+        body = b"header\n" + b"".join(line + b"\n" for line in lines)
+        monkeypatch.setattr(checks, "PARALLEL_MIN", 1 << 62)
+        serial = outcome(lambda: verify_checks(body, 7, len(body), "s.jsonl", first_line=2))
+        monkeypatch.setattr(checks, "PARALLEL_MIN", 0)
+        threaded = outcome(lambda: verify_checks(body, 7, len(body), "s.jsonl", first_line=2))
+        assert threaded == serial, case
+        seen.add(serial[0])
+    assert seen == {"ok", "CorruptLog"}  # clean and damaged bodies both came up
+
+
+def test_a_stray_mark_before_the_first_check_is_named_the_same_way_on_a_long_body(monkeypatch):
+    """A body over PARALLEL_MIN really takes the threaded way; a mark before the first check is found there and named
+    as the serial check names it."""
+    filler = UserMessage(seq=0, time=1, turn=1, step=0, text="x" * 1000)
+    lines = [encode_event(filler)] * (checks.PARALLEL_MIN // 1000 + 10)
+    stray = b'{"a":1,"chk":"00000000"}'
+    lines[5] = lines[5][:-1] + b',"arguments":' + stray + b"}"
+    check = RunningCheck()
+    stamped, _ = check.stamp(list(enumerate(lines)), durable=True)
+    body = b"".join(data + b"\n" for _, data in stamped)
+    assert len(body) > checks.PARALLEL_MIN
+    with pytest.raises(PersistenceError) as threaded:
+        verify_checks(body, 0, len(body), "s.jsonl", first_line=2)
+    assert threaded.value.line == len(lines) + 1
+    assert f"lines 2–{len(lines) + 1}" in str(threaded.value)
+    monkeypatch.setattr(checks, "PARALLEL_MIN", 1 << 62)
+    with pytest.raises(PersistenceError) as serial:
+        verify_checks(body, 0, len(body), "s.jsonl", first_line=2)
+    assert str(serial.value) == str(threaded.value)
