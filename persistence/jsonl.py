@@ -102,9 +102,10 @@ class JsonlWriter(Writer):
                 self._size = self._durable_size
                 self._check.advance(self._durable_check)
                 self._needs_rewind = False
-            batch, at = self._check.stamp(batch, durable)
-            data = b"\n".join([d for _, d in batch]) + b"\n" if batch else b""
-            write_all(ops, self._fd, data)
+            data, at = self._check.stamp_lines(batch, durable)
+            written = ops.write(self._fd, data) if data else 0
+            if written < len(data):  # a short write: the rest, piece by piece
+                write_all(ops, self._fd, data[written:])
             self._size += len(data)
             self._check.advance(at)
             if durable:

@@ -114,3 +114,112 @@ def test_a_stray_mark_before_the_first_check_is_named_the_same_way_on_a_long_bod
     with pytest.raises(PersistenceError) as serial:
         verify_checks(body, 0, len(body), "s.jsonl", first_line=2)
     assert str(serial.value) == str(threaded.value)
+
+
+def test_stamp_lines_gives_exactly_the_bytes_and_position_of_stamp_and_a_join():
+    """The JSONL writer's one-join stamp against `stamp` + join, over random sequences of batches: durable or not,
+    the first check (no back offset) and later ones, empty batches, and re-sends of events already covered."""
+    rng = random.Random(1)
+    for case in range(200):
+        fast, slow = RunningCheck(), RunningCheck()
+        seq = 0
+        for _ in range(rng.randrange(1, 30)):
+            start = max(0, seq - rng.choice((0, 0, 0, 1, 3)))  # sometimes a re-send of covered events
+            n = rng.randrange(0, 6)
+            batch = [(s, encode_event(UserMessage(seq=s, time=s, turn=1, step=0, text="t" * rng.randrange(50))))
+                     for s in range(start, start + n)]
+            durable = rng.random() < 0.5
+            stamped, slow_at = slow.stamp(batch, durable)
+            slow_data = b"\n".join([d for _, d in stamped]) + b"\n" if stamped else b""
+            fast_data, fast_at = fast.stamp_lines(batch, durable)
+            assert (fast_data, fast_at, fast.last) == (slow_data, slow_at, slow.last), case
+            fast.advance(fast_at)
+            slow.advance(slow_at)
+            seq = max(seq, start + n)
+
+
+def _check_finite_by_recursion(value, where):
+    """check_finite as it was before plain values were skipped: one call per value."""
+    import math
+
+    from cairn.persistence.events import NonFiniteNumber
+
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise NonFiniteNumber(f"{where}: non-finite number {value!r} cannot be stored")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite_by_recursion(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_finite_by_recursion(v, f"{where}[{i}]")
+
+
+class _Float(float):
+    pass
+
+
+class _Str(str):
+    pass
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    leaves = [1, True, None, "s", _Str("u"), 0.5, _Float(2.0), float("nan"), float("inf"), -float("inf"),
+              _Float("nan"), 10**30]
+    if depth > 3 or rng.random() < 0.5:
+        return rng.choice(leaves)
+    kind = rng.randrange(3)
+    items = [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 0:
+        return {f"k{i}": v for i, v in enumerate(items)}
+    return items if kind == 1 else tuple(items)
+
+
+def test_check_finite_that_skips_plain_values_raises_exactly_where_the_recursion_did():
+    from cairn.persistence.events import check_finite
+
+    rng = random.Random(3)
+    raised = 0
+    for case in range(2000):
+        value = _random_value(rng)
+        expected = outcome_of(lambda: _check_finite_by_recursion(value, "x"))
+        assert outcome_of(lambda: check_finite(value, "x")) == expected, (case, value)
+        raised += expected[0] != "ok"
+    assert 200 < raised < 1800  # both outcomes came up often
+
+
+def outcome_of(call):
+    try:
+        call()
+    except ValueError as e:
+        return type(e).__name__, str(e)
+    return "ok", None
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 17])
+def test_read_all_returns_the_whole_file(tmp_path, size):
+    from cairn.persistence.jsonl import _read_all
+
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _read_all(fd, str(path)) == data
+    finally:
+        os.close(fd)
+
+
+def test_read_all_reads_past_the_size_fstat_gave():
+    """A file holding more than its fstat size says (here a /proc file, size 0; a session file that grew between the
+    fstat and the read is the case that matters) is still read to its end."""
+    from cairn.persistence.jsonl import _read_all
+
+    fd = os.open("/proc/self/mounts", os.O_RDONLY)
+    try:
+        assert os.fstat(fd).st_size == 0
+        data = _read_all(fd, "/proc/self/mounts")
+    finally:
+        os.close(fd)
+    with open("/proc/self/mounts", "rb") as f:
+        assert data == f.read() and data
