@@ -100,7 +100,7 @@ class RunningCheck:
 
 
 def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
-                  unit: str = "line") -> tuple[Position, tuple[int, int] | None]:
+                  unit: str = "line", _beside: bool = False) -> tuple[Position, tuple[int, int] | None]:
     """Recompute every check in `buf[start:end]` (whole event lines); raise CorruptLog at the first that does not match.
     Returns where a resuming writer continues (the running crc over the range with the checks left out, offsets
     relative to `start`; `next_seq` is left to the caller) and the last check as (offset, value), or None.
@@ -108,7 +108,7 @@ def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
     Blank lines hold nothing and the decoder skips them (SPEC §5); Cairn never writes one, so only when a check fails
     is the range checked again without them."""
     try:
-        return _verify(buf, start, end, path, first_line, unit)
+        return _verify(buf, start, end, path, first_line, unit, _beside)
     except CorruptLog:
         lines = bytes(memoryview(buf)[start:end]).split(b"\n")
         kept = [line for line in lines[:-1] if line.strip()]
@@ -122,7 +122,7 @@ def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
 
 
 def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
-            unit: str) -> tuple[Position, tuple[int, int] | None]:
+            unit: str, beside: bool = False) -> tuple[Position, tuple[int, int] | None]:
     view = memoryview(buf)
     chain: list[tuple[int, int, int]] = []  # (offset of the field, value, length of the field), last first
     at = buf.rfind(MARK, max(start, end - TAIL_SEARCH), end)
@@ -140,7 +140,10 @@ def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
             raise CorruptLog(path, *_where(buf, start, at, at, first_line, unit))
         at = previous
     head = chain[-1][0] if chain else start
-    stray, first = _stray_mark_and_crc(buf, view, start, head)
+    if beside:  # in VerifyBeside's thread: the search lets go of the GIL, so the caller's decode goes on meanwhile
+        stray, first = _mark_search().search(buf, start, head, concurrent=True) is not None, zlib.crc32(view[start:head])
+    else:
+        stray, first = _stray_mark_and_crc(buf, view, start, head)
     if stray:
         # a check before the first one in the chain: the offset that should have led to it was changed
         raise CorruptLog(path, *_where(buf, start, start, head, first_line, unit))
@@ -171,6 +174,46 @@ def _stray_mark_and_crc(buf: bytes, view: memoryview, start: int, head: int) -> 
     finally:
         summing.join()
     return stray, sums[0] if sums else zlib.crc32(view[start:head])
+
+
+def _mark_search():
+    """MARK as a `regex` pattern: unlike `bytes.rfind` (and `re`), `regex` can search with the GIL released. Imported
+    only for a long body (start-up pays nothing for it)."""
+    import regex
+
+    return regex.compile(regex.escape(MARK))
+
+
+class VerifyBeside:
+    """`verify_checks(buf, start, end, …)` run in a thread while the caller decodes the same body (JSONL loads, P4).
+
+    The check's two passes over the body (the stray-mark search, the crc32) both let go of the GIL there, so on a
+    second core they take no time from a load, whose decode holds the GIL throughout. The outcome is exactly
+    `verify_checks`'s: `result()` returns or raises what it did. A caller that ends up needing another range (a torn
+    tail was cut) or fails first calls `join()` and checks again itself."""
+
+    def __init__(self, buf: bytes, start: int, end: int, path: str, first_line: int) -> None:
+        self._outcome: tuple[bool, object] | None = None
+        self._thread = threading.Thread(target=self._run, args=(buf, start, end, path, first_line),
+                                        name="cairn-verify")
+        self._thread.start()
+
+    def _run(self, buf: bytes, start: int, end: int, path: str, first_line: int) -> None:
+        try:
+            self._outcome = (True, verify_checks(buf, start, end, path, first_line, _beside=True))
+        except BaseException as e:  # handed to the caller's thread by result()
+            self._outcome = (False, e)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> tuple[Position, tuple[int, int] | None]:
+        self._thread.join()
+        assert self._outcome is not None
+        ok, value = self._outcome
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
 
 
 def verify_pieces(pieces: list[bytes], path: str, first_line: int,

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from .backend import Backend, EncodedEvent, LoadedLog, Writer
-from .checks import RunningCheck, verify_checks
+from .checks import PARALLEL_MIN, RunningCheck, VerifyBeside, verify_checks
 from .codec import decode_events, decode_header
 from .errors import (
     CorruptLog,
@@ -225,11 +225,25 @@ class JsonlBackend(Backend):
             shown = header.id if len(header.id) <= 70 else header.id[:69] + "…"
             raise CorruptLog(path, 1, f"its header names session {shown!r}, not {session_id!r}: renamed or copied?")
         body = memoryview(data)[nl + 1 :]  # no 50 MB copy of the body
+        # a long body is checked in a thread while it is decoded (P4); the outcome is used only when the whole body
+        # was kept, and decoding's errors still come first
+        beside = VerifyBeside(data, nl + 1, len(data), path, first_line=2) if len(body) >= PARALLEL_MIN else None
         try:
             events, kept = decode_events(body, path, first_line=2, tail_may_be_torn=True)
         except RecursionError:
+            if beside is not None:
+                beside.join()
             raise CorruptLog(path, _too_deep_line(data), "JSON nested too deeply") from None
-        check, _ = verify_checks(data, nl + 1, nl + 1 + kept, path, first_line=2)
+        except BaseException:
+            if beside is not None:
+                beside.join()
+            raise
+        if beside is not None and kept == len(body):
+            check, _ = beside.result()
+        else:
+            if beside is not None:
+                beside.join()
+            check, _ = verify_checks(data, nl + 1, nl + 1 + kept, path, first_line=2)
         check.next_seq = len(events)
         return LoadedLog(header, events, path, torn_bytes=len(body) - kept, check=check)
 

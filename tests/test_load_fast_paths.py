@@ -223,3 +223,70 @@ def test_read_all_reads_past_the_size_fstat_gave():
         os.close(fd)
     with open("/proc/self/mounts", "rb") as f:
         assert data == f.read() and data
+
+
+def test_the_check_run_beside_a_decode_gives_exactly_verify_checks_outcome():
+    """VerifyBeside runs verify_checks in a thread with its mark search done by `regex` (GIL released): on random
+    clean and damaged bodies, `result()` returns or raises exactly what verify_checks does."""
+    from cairn.persistence.checks import VerifyBeside
+
+    rng = random.Random(27)
+    seen = set()
+    for case in range(300):
+        lines = damaged(stored_lines(rng.randrange(1, 150), rng), rng)
+        body = b"header\n" + b"".join(line + b"\n" for line in lines)
+        expected = outcome(lambda: verify_checks(body, 7, len(body), "s.jsonl", first_line=2))
+        assert outcome(VerifyBeside(body, 7, len(body), "s.jsonl", first_line=2).result) == expected, case
+        seen.add(expected[0])
+    assert seen == {"ok", "CorruptLog"}
+
+
+def _write_long_session(home, n: int = 5000):
+    """A real JSONL session over PARALLEL_MIN: durable batches of 50 events (a check each), ~1 KB per event."""
+    from cairn.persistence.store import SessionStore
+
+    store = SessionStore(home, "jsonl")
+    opened = store.create(cwd=str(home), session_id="long")
+    events = [UserMessage(seq=i, time=1000 + i, turn=1, step=0, text=f"line {i} " + "y" * 1000) for i in range(n)]
+    for i in range(0, n, 50):
+        opened.writer.append([(e.seq, encode_event(e)) for e in events[i : i + 50]], durable=True)
+    opened.writer.close()
+    opened.lock.release()
+    path = store.backend.path("long")
+    assert path.stat().st_size > checks.PARALLEL_MIN
+    return store, path
+
+
+@pytest.mark.parametrize("damage", ["clean", "byte", "check", "torn", "blank", "not json"])
+def test_a_long_jsonl_session_loads_exactly_as_with_the_check_after_the_decode(tmp_path, monkeypatch, damage):
+    """The JSONL load checks a body over PARALLEL_MIN beside its decode; with the threshold out of reach it checks after
+    it, as before. Same events, same resume position, same error naming the same line, whatever the damage."""
+    from cairn.persistence import jsonl
+
+    store, path = _write_long_session(tmp_path)
+    data = bytearray(path.read_bytes())
+    if damage == "byte":  # a changed byte inside a text, far from the end: still JSON
+        j = data.find(b"line 1234 ")
+        data[j : j + 4] = b"fine"
+    elif damage == "check":
+        j = data.find(checks.MARK, len(data) // 3)
+        data[j + 8] = ord("0") if data[j + 8] != ord("0") else ord("1")
+    elif damage == "torn":  # a crash mid-write: half a line at the end (only the decoded part is checked)
+        data += data[-400:-100]
+    elif damage == "blank":
+        j = data.find(b"\n", len(data) // 2)
+        data[j:j] = b"\n"
+    elif damage == "not json":
+        j = data.find(b"line 2000 ")
+        data[j - 9 : j - 8] = b"?"
+    path.write_bytes(bytes(data))
+
+    def load():
+        log = store.backend.load("long")
+        return [encode_event(e) for e in log.events], log.check, log.torn_bytes
+
+    beside = outcome(load)
+    monkeypatch.setattr(jsonl, "PARALLEL_MIN", 1 << 62)
+    after = outcome(load)
+    assert beside == after
+    assert (beside[0] == "ok") == (damage in ("clean", "torn", "blank"))
