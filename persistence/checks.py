@@ -19,6 +19,7 @@ be escaped there), so the mark is found by a plain byte search.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import zlib
@@ -100,7 +101,7 @@ class RunningCheck:
 
 
 def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
-                  unit: str = "line", _beside: bool = False) -> tuple[Position, tuple[int, int] | None]:
+                  unit: str = "line", _ready: threading.Event | None = None) -> tuple[Position, tuple[int, int] | None]:
     """Recompute every check in `buf[start:end]` (whole event lines); raise CorruptLog at the first that does not match.
     Returns where a resuming writer continues (the running crc over the range with the checks left out, offsets
     relative to `start`; `next_seq` is left to the caller) and the last check as (offset, value), or None.
@@ -108,7 +109,7 @@ def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
     Blank lines hold nothing and the decoder skips them (SPEC §5); Cairn never writes one, so only when a check fails
     is the range checked again without them."""
     try:
-        return _verify(buf, start, end, path, first_line, unit, _beside)
+        return _verify(buf, start, end, path, first_line, unit, _ready)
     except CorruptLog:
         lines = bytes(memoryview(buf)[start:end]).split(b"\n")
         kept = [line for line in lines[:-1] if line.strip()]
@@ -122,7 +123,7 @@ def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
 
 
 def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
-            unit: str, beside: bool = False) -> tuple[Position, tuple[int, int] | None]:
+            unit: str, ready: threading.Event | None = None) -> tuple[Position, tuple[int, int] | None]:
     view = memoryview(buf)
     chain: list[tuple[int, int, int]] = []  # (offset of the field, value, length of the field), last first
     at = buf.rfind(MARK, max(start, end - TAIL_SEARCH), end)
@@ -140,10 +141,7 @@ def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
             raise CorruptLog(path, *_where(buf, start, at, at, first_line, unit))
         at = previous
     head = chain[-1][0] if chain else start
-    if beside:  # in VerifyBeside's thread: the search lets go of the GIL, so the caller's decode goes on meanwhile
-        stray, first = _mark_search().search(buf, start, head, concurrent=True) is not None, zlib.crc32(view[start:head])
-    else:
-        stray, first = _stray_mark_and_crc(buf, view, start, head)
+    stray, first = _stray_mark_and_crc(buf, view, start, head, ready)
     if stray:
         # a check before the first one in the chain: the offset that should have led to it was changed
         raise CorruptLog(path, *_where(buf, start, start, head, first_line, unit))
@@ -157,25 +155,40 @@ def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
     return Position(zlib.crc32(view[covered:end], state), 0, end - start, chain[0][0] - start if chain else -1), last
 
 
-def _stray_mark_and_crc(buf: bytes, view: memoryview, start: int, head: int) -> tuple[bool, int]:
+def _stray_mark_and_crc(buf: bytes, view: memoryview, start: int, head: int,
+                        ready: threading.Event | None = None) -> tuple[bool, int]:
     """Whether a check mark lies in `buf[start:head]`, and the crc32 of those bytes (the first check's sum).
 
     Both read the whole prefix, often nearly the whole body. zlib lets go of the GIL while it sums and `bytes.rfind`
     does not, so on a long prefix a short-lived thread sums while this one searches: the two ~13 ms passes over 55 MB
     (P4) overlap on a second core instead of following each other. (The other way round they would not: the search
-    would hold the GIL before this thread reached zlib.) Same results either way."""
+    would hold the GIL before this thread reached zlib.) With `ready` (VerifyBeside: the caller decodes meanwhile and
+    holds the GIL throughout) the search is `regex`'s, which lets go of it too, and `ready` is set as the two passes
+    begin, so neither waits for the decode. Same results either way."""
     if head - start < PARALLEL_MIN:
+        if ready is not None:
+            ready.set()
         return buf.rfind(MARK, start, head) >= 0, zlib.crc32(view[start:head])
     sums: list[int] = []
     summing = threading.Thread(target=lambda: sums.append(zlib.crc32(view[start:head])), name="cairn-check-crc")
-    summing.start()
     try:
-        stray = buf.rfind(MARK, start, head) >= 0
+        summing.start()
+    except RuntimeError:  # no thread to be had: sum afterwards (below)
+        pass
+    try:
+        if ready is None:
+            stray = buf.rfind(MARK, start, head) >= 0
+        else:
+            search = _mark_search()
+            ready.set()
+            stray = search.search(buf, start, head, concurrent=True) is not None
     finally:
-        summing.join()
+        if summing.ident is not None:
+            summing.join()
     return stray, sums[0] if sums else zlib.crc32(view[start:head])
 
 
+@functools.cache
 def _mark_search():
     """MARK as a `regex` pattern: unlike `bytes.rfind` (and `re`), `regex` can search with the GIL released. Imported
     only for a long body (start-up pays nothing for it)."""
@@ -187,28 +200,37 @@ def _mark_search():
 class VerifyBeside:
     """`verify_checks(buf, start, end, …)` run in a thread while the caller decodes the same body (JSONL loads, P4).
 
-    The check's two passes over the body (the stray-mark search, the crc32) both let go of the GIL there, so on a
-    second core they take no time from a load, whose decode holds the GIL throughout. The outcome is exactly
+    The decode holds the GIL throughout, so the caller starts it only once this thread has found the checks and begun
+    the passes over the body that let go of the GIL (the stray-mark search and the first check's sum, see
+    `_stray_mark_and_crc`): on a second core those take no time from the load. The outcome is exactly
     `verify_checks`'s: `result()` returns or raises what it did. A caller that ends up needing another range (a torn
     tail was cut) or fails first calls `join()` and checks again itself."""
 
     def __init__(self, buf: bytes, start: int, end: int, path: str, first_line: int) -> None:
         self._outcome: tuple[bool, object] | None = None
-        self._thread = threading.Thread(target=self._run, args=(buf, start, end, path, first_line),
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(buf, start, end, path, first_line, ready),
                                         name="cairn-verify")
-        self._thread.start()
-
-    def _run(self, buf: bytes, start: int, end: int, path: str, first_line: int) -> None:
         try:
-            self._outcome = (True, verify_checks(buf, start, end, path, first_line, _beside=True))
+            self._thread.start()
+        except RuntimeError:  # no thread to be had: check here, now (the outcome is the same)
+            self._run(buf, start, end, path, first_line, ready)
+        ready.wait()
+
+    def _run(self, buf: bytes, start: int, end: int, path: str, first_line: int, ready: threading.Event) -> None:
+        try:
+            self._outcome = (True, verify_checks(buf, start, end, path, first_line, _ready=ready))
         except BaseException as e:  # handed to the caller's thread by result()
             self._outcome = (False, e)
+        finally:
+            ready.set()  # (a check that failed before the passes began)
 
     def join(self) -> None:
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
 
     def result(self) -> tuple[Position, tuple[int, int] | None]:
-        self._thread.join()
+        self.join()
         assert self._outcome is not None
         ok, value = self._outcome
         if not ok:

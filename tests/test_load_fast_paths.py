@@ -290,3 +290,35 @@ def test_a_long_jsonl_session_loads_exactly_as_with_the_check_after_the_decode(t
     after = outcome(load)
     assert beside == after
     assert (beside[0] == "ok") == (damage in ("clean", "torn", "blank"))
+
+
+@pytest.mark.parametrize("damage", ["clean", "check"])
+def test_a_long_session_loads_the_same_when_no_thread_can_be_started(tmp_path, monkeypatch, damage):
+    """Out of threads (RuntimeError from Thread.start, which no real test machine can be made to give reliably: the one
+    mock here), the check runs where the load runs, with the same outcome."""
+    import threading
+
+    from cairn.persistence import jsonl
+
+    store, path = _write_long_session(tmp_path)
+    if damage == "check":
+        data = bytearray(path.read_bytes())
+        j = data.find(checks.MARK, len(data) // 3)
+        data[j + 8] = ord("0") if data[j + 8] != ord("0") else ord("1")
+        path.write_bytes(bytes(data))
+
+    def load():
+        log = store.backend.load("long")
+        return [encode_event(e) for e in log.events], log.check
+
+    normal = outcome(load)
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    assert outcome(load) == normal
+    assert (normal[0] == "ok") == (damage == "clean")
+    monkeypatch.undo()
+    monkeypatch.setattr(jsonl, "PARALLEL_MIN", 1 << 62)
+    assert outcome(load) == normal
