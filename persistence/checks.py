@@ -19,10 +19,13 @@ be escaped there), so the mark is found by a plain byte search.
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
 import zlib
 from bisect import bisect_right
 from dataclasses import dataclass
+from operator import itemgetter
 
 from .backend import EncodedEvent
 from .errors import CorruptLog
@@ -30,6 +33,8 @@ from .errors import CorruptLog
 MARK = b',"chk":"'
 _VALUE = re.compile(rb'([0-9a-f]{8})(?:@([0-9]{1,15}))?"}')
 TAIL_SEARCH = 1 << 16  # the last check is looked for this far back first (then the whole body)
+_DATA = itemgetter(1)  # an EncodedEvent's bytes
+PARALLEL_MIN = 1 << 22  # a prefix this long is summed in a thread while it is searched for stray marks
 
 
 @dataclass
@@ -69,12 +74,34 @@ class RunningCheck:
         self.last = (check_at, before_brace)
         return stamped, Position(zlib.crc32(b"}\n", before_brace), seq + 1, at.end + len(joined) + len(field), check_at)
 
+    def stamp_lines(self, batch: list[EncodedEvent], durable: bool) -> tuple[bytes, Position]:
+        """The batch as the bytes to store (its lines joined, each with its newline) and the position once stored:
+        exactly the lines `stamp` gives, made in one join with the check appended to it. The barrier's hot path in the
+        JSONL writer (P1: every step here runs cold, right after the previous barrier's fdatasync). A batch holding
+        events already covered goes `stamp`'s way; batches are in seq order (stamp too takes the last as the newest)."""
+        at = self.at
+        if not batch or batch[0][0] < at.next_seq:
+            stamped, after = self.stamp(batch, durable)
+            return (b"\n".join([data for _, data in stamped]) + b"\n" if stamped else b""), after
+        if not durable:
+            joined = b"\n".join(map(_DATA, batch)) + b"\n"
+            return joined, Position(zlib.crc32(joined, at.state), batch[-1][0] + 1, at.end + len(joined), at.last_check)
+        body = b"\n".join(map(_DATA, batch))[:-1]  # up to the last event's closing brace, where its check goes
+        before_brace = zlib.crc32(body, at.state)
+        check_at = at.end + len(body)
+        if at.last_check >= 0:
+            data = body + b',"chk":"%08x@%d"}\n' % (before_brace, at.last_check)
+        else:
+            data = body + b',"chk":"%08x"}\n' % before_brace
+        self.last = (check_at, before_brace)
+        return data, Position(zlib.crc32(b"}\n", before_brace), batch[-1][0] + 1, at.end + len(data), check_at)
+
     def advance(self, at: Position) -> None:
         self.at = at
 
 
 def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
-                  unit: str = "line") -> tuple[Position, tuple[int, int] | None]:
+                  unit: str = "line", _ready: threading.Event | None = None) -> tuple[Position, tuple[int, int] | None]:
     """Recompute every check in `buf[start:end]` (whole event lines); raise CorruptLog at the first that does not match.
     Returns where a resuming writer continues (the running crc over the range with the checks left out, offsets
     relative to `start`; `next_seq` is left to the caller) and the last check as (offset, value), or None.
@@ -82,7 +109,7 @@ def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
     Blank lines hold nothing and the decoder skips them (SPEC §5); Cairn never writes one, so only when a check fails
     is the range checked again without them."""
     try:
-        return _verify(buf, start, end, path, first_line, unit)
+        return _verify(buf, start, end, path, first_line, unit, _ready)
     except CorruptLog:
         lines = bytes(memoryview(buf)[start:end]).split(b"\n")
         kept = [line for line in lines[:-1] if line.strip()]
@@ -96,7 +123,7 @@ def verify_checks(buf: bytes, start: int, end: int, path: str, first_line: int,
 
 
 def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
-            unit: str) -> tuple[Position, tuple[int, int] | None]:
+            unit: str, ready: threading.Event | None = None) -> tuple[Position, tuple[int, int] | None]:
     view = memoryview(buf)
     chain: list[tuple[int, int, int]] = []  # (offset of the field, value, length of the field), last first
     at = buf.rfind(MARK, max(start, end - TAIL_SEARCH), end)
@@ -113,17 +140,102 @@ def _verify(buf: bytes, start: int, end: int, path: str, first_line: int,
         if not (start <= previous < at and buf.startswith(MARK, previous)):
             raise CorruptLog(path, *_where(buf, start, at, at, first_line, unit))
         at = previous
-    if chain and buf.rfind(MARK, start, chain[-1][0]) >= 0:
+    head = chain[-1][0] if chain else start
+    stray, first = _stray_mark_and_crc(buf, view, start, head, ready)
+    if stray:
         # a check before the first one in the chain: the offset that should have led to it was changed
-        raise CorruptLog(path, *_where(buf, start, start, chain[-1][0], first_line, unit))
+        raise CorruptLog(path, *_where(buf, start, start, head, first_line, unit))
     state, covered = 0, start  # the sum so far covers buf[start:covered], check fields left out
     for at, value, length in reversed(chain):
-        state = zlib.crc32(view[covered:at], state)
+        state = first if covered == start else zlib.crc32(view[covered:at], state)
         if state != value:
             raise CorruptLog(path, *_where(buf, start, covered, at, first_line, unit))
         covered = at + length
     last = (chain[0][0] - start, chain[0][1]) if chain else None
     return Position(zlib.crc32(view[covered:end], state), 0, end - start, chain[0][0] - start if chain else -1), last
+
+
+def _stray_mark_and_crc(buf: bytes, view: memoryview, start: int, head: int,
+                        ready: threading.Event | None = None) -> tuple[bool, int]:
+    """Whether a check mark lies in `buf[start:head]`, and the crc32 of those bytes (the first check's sum).
+
+    Both read the whole prefix, often nearly the whole body. zlib lets go of the GIL while it sums and `bytes.rfind`
+    does not, so on a long prefix a short-lived thread sums while this one searches: the two ~13 ms passes over 55 MB
+    (P4) overlap on a second core instead of following each other. (The other way round they would not: the search
+    would hold the GIL before this thread reached zlib.) With `ready` (VerifyBeside: the caller decodes meanwhile and
+    holds the GIL throughout) the search is `regex`'s, which lets go of it too, and `ready` is set as the two passes
+    begin, so neither waits for the decode. Same results either way."""
+    if head - start < PARALLEL_MIN:
+        if ready is not None:
+            ready.set()
+        return buf.rfind(MARK, start, head) >= 0, zlib.crc32(view[start:head])
+    sums: list[int] = []
+    summing = threading.Thread(target=lambda: sums.append(zlib.crc32(view[start:head])), name="cairn-check-crc")
+    try:
+        summing.start()
+    except RuntimeError:  # no thread to be had: sum afterwards (below)
+        pass
+    try:
+        if ready is None:
+            stray = buf.rfind(MARK, start, head) >= 0
+        else:
+            search = _mark_search()
+            ready.set()
+            stray = search.search(buf, start, head, concurrent=True) is not None
+    finally:
+        if summing.ident is not None:
+            summing.join()
+    return stray, sums[0] if sums else zlib.crc32(view[start:head])
+
+
+@functools.cache
+def _mark_search():
+    """MARK as a `regex` pattern: unlike `bytes.rfind` (and `re`), `regex` can search with the GIL released. Imported
+    only for a long body (start-up pays nothing for it)."""
+    import regex
+
+    return regex.compile(regex.escape(MARK))
+
+
+class VerifyBeside:
+    """`verify_checks(buf, start, end, …)` run in a thread while the caller decodes the same body (JSONL loads, P4).
+
+    The decode holds the GIL throughout, so the caller starts it only once this thread has found the checks and begun
+    the passes over the body that let go of the GIL (the stray-mark search and the first check's sum, see
+    `_stray_mark_and_crc`): on a second core those take no time from the load. The outcome is exactly
+    `verify_checks`'s: `result()` returns or raises what it did. A caller that ends up needing another range (a torn
+    tail was cut) or fails first calls `join()` and checks again itself."""
+
+    def __init__(self, buf: bytes, start: int, end: int, path: str, first_line: int) -> None:
+        self._outcome: tuple[bool, object] | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(buf, start, end, path, first_line, ready),
+                                        name="cairn-verify")
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread to be had: check here, now (the outcome is the same)
+            self._run(buf, start, end, path, first_line, ready)
+        ready.wait()
+
+    def _run(self, buf: bytes, start: int, end: int, path: str, first_line: int, ready: threading.Event) -> None:
+        try:
+            self._outcome = (True, verify_checks(buf, start, end, path, first_line, _ready=ready))
+        except BaseException as e:  # handed to the caller's thread by result()
+            self._outcome = (False, e)
+        finally:
+            ready.set()  # (a check that failed before the passes began)
+
+    def join(self) -> None:
+        if self._thread.ident is not None:
+            self._thread.join()
+
+    def result(self) -> tuple[Position, tuple[int, int] | None]:
+        self.join()
+        assert self._outcome is not None
+        ok, value = self._outcome
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
 
 
 def verify_pieces(pieces: list[bytes], path: str, first_line: int,

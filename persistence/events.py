@@ -368,16 +368,23 @@ class NonFiniteNumber(ValueError):
     """Raised at append for NaN/Infinity, which JSON cannot carry (msgspec would silently write null)."""
 
 
+# Values of exactly these types hold no number that could be non-finite: not looked into (one call per plain value
+# was most of a barrier's check, P1). Subclasses still are (a float subclass is a float).
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def check_finite(value: Any, where: str) -> None:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise NonFiniteNumber(f"{where}: non-finite number {value!r} cannot be stored")
     elif isinstance(value, dict):
         for k, v in value.items():
-            check_finite(v, f"{where}.{k}")
+            if type(v) not in _PLAIN:
+                check_finite(v, f"{where}.{k}")
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            check_finite(v, f"{where}[{i}]")
+            if type(v) not in _PLAIN:
+                check_finite(v, f"{where}[{i}]")
 
 
 def check_event_finite(event: AnyEvent) -> None:
