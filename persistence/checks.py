@@ -31,6 +31,7 @@ from .backend import EncodedEvent
 from .errors import CorruptLog
 
 MARK = b',"chk":"'
+ESCAPED_MARK = b',"\\u0063hk":"'  # the key "chk" anywhere else (inside a value): JSON that decodes the same
 _VALUE = re.compile(rb'([0-9a-f]{8})(?:@([0-9]{1,15}))?"}')
 TAIL_SEARCH = 1 << 16  # the last check is looked for this far back first (then the whole body)
 _DATA = itemgetter(1)  # an EncodedEvent's bytes

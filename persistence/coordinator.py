@@ -21,6 +21,7 @@ import anyio
 import msgspec
 
 from .backend import EncodedEvent, Writer
+from .checks import ESCAPED_MARK, MARK
 from .errors import CheckpointFailed, PersistenceError
 from .events import (
     AnyEvent,
@@ -145,6 +146,8 @@ class Coordinator:
                 data = encoder.encode(event)
             except UnicodeEncodeError:
                 data = self._encode(event)
+        if MARK in data:  # a key "chk" inside a value (a model's tool arguments): the same JSON, never a check's bytes
+            data = data.replace(MARK, ESCAPED_MARK)
         if cls not in CHUNKS and cls is not IgnorableEvent:
             try:
                 event_decoder.decode(data)

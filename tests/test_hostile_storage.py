@@ -181,6 +181,40 @@ async def test_planted_lock_symlink_is_never_followed(tmp_path, backend_name):
     assert_one_line(cairn(home, "--backend", backend_name, "run", "--resume", "s", "hi"), 2, "s.lock")
 
 
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite", "postgres"])
+async def test_a_key_chk_inside_model_arguments_is_never_read_as_a_check(tmp_path, backend):
+    """A check rides on an event line as `,"chk":"…"`; a model's tool arguments can hold that key too (nested, not
+    first). Written, the session must load clean with the arguments exactly as given, and be resumable."""
+    from contextlib import ExitStack
+
+    from pg_helpers import fresh_schema
+
+    with ExitStack() as stack:
+        url = stack.enter_context(fresh_schema("chk"))[1] if backend == "postgres" else None
+        store = SessionStore(tmp_path / "home", backend, **({"database_url": url} if url else {}))
+        if url:
+            stack.callback(store.backend.close)  # (its connections, before the schema is dropped)
+        await written_and_read_back_clean(store)
+
+
+async def written_and_read_back_clean(store: SessionStore) -> None:
+    from cairn.persistence.events import ToolCall, ToolResult
+
+    arguments = {"path": "a.txt", "chk": "0000abcd@0", "nested": [{"x": 1, "chk": "ffffffff"}], "chk2": {"chk": ""}}
+    events = complete_turn(1, "hi")[:4] + [
+        ToolCall(turn=1, step=1, call_id="c1", name="read_file", arguments=arguments, safety="read_only",
+                 parent_call_id=None),
+        ToolResult(turn=1, step=1, call_id="c1", is_error=False, content=',"chk":"not a check"', error_code=None,
+                   source_seq=None),
+    ] + complete_turn(1, "hi")[5:]
+    await write_session(store, "s", events)
+    loaded = store.inspect("s").events
+    call = next(e for e in loaded if isinstance(e, ToolCall))
+    assert call.arguments == arguments
+    assert [type(e) for e in loaded] == [type(e) for e in events]
+    release(store.open_for_resume("s"))  # writable again: nothing reads as damage
+
+
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o277])
 async def test_store_directories_are_0700_and_session_files_0600_whatever_the_umask(tmp_path, backend_name, umask):
     home = tmp_path / "deep" / "home"
