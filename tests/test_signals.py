@@ -80,7 +80,13 @@ def test_two_signals_in_a_row_exit_130_and_the_log_stays_resumable(tmp_path):
     assert child.returncode == 130 and "Traceback" not in err
     events = stored(env)
     assert [e["seq"] for e in events] == list(range(len(events)))
-    assert events[-1]["type"] == "turn/end"
+    # The turn is closed: in order when the kernel merged the two signals into one, else by the repair `show` computes,
+    # whose evidence on the interrupted command follows its turn/end (SPEC §9).
+    types = [e["type"] for e in events]
+    evidence = [e for e in events if e["type"] == "recovery/evidence"]
+    assert types[len(types) - len(evidence) - 1] == "turn/end"
+    assert types[len(types) - len(evidence):] == ["recovery/evidence"] * len(evidence)
+    assert all(e["call_id"] == "call_long" for e in evidence)
     resumed = subprocess.run([CAIRN, "run", "--resume", "s", "--provider", "demo", "hello"], env=env,
                              capture_output=True, text=True, timeout=60, cwd=tmp_path / "ws")
     assert resumed.returncode == 0, resumed.stderr
