@@ -8,13 +8,14 @@ of the previous check's field in the body; none on the first). The field itself 
 depends only on the events, never on which of them carried a check.
 
 On load the checks are found from the end (the last one is near it) by following those offsets back, then every one is
-recomputed over the bytes before it: one crc32 call per check over the body in place, and no scan of the whole body for
-marks. A mismatch is damage, named by the lines it covers (exit 4). Events after the last check (a crash after a
+recomputed over the bytes before it: one crc32 call per check over the body in place, plus one search of the bytes
+before the first check for a stray mark (a check that lost its place). A mismatch is damage, named by the lines it covers (exit 4). Events after the last check (a crash after a
 write-behind, before the next barrier) are not covered yet, nor are logs written before rev 3; both still load, and the
 writer that resumes them continues the sum over everything it loaded, so its next check covers them too.
 
 Readers of format version 1 ignore the unknown field; `"chk"` cannot occur raw inside a JSON string (its quotes would
-be escaped there), so the mark is found by a plain byte search.
+be escaped there), and the encoder writes the key `"chk"` inside a value as `"\u0063hk"` (`events.unmarked`), so the
+mark is found by a plain byte search.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from operator import itemgetter
 
 from .backend import EncodedEvent
 from .errors import CorruptLog
+from .events import CHECK_MARK
 
-MARK = b',"chk":"'
-ESCAPED_MARK = b',"\\u0063hk":"'  # the key "chk" anywhere else (inside a value): JSON that decodes the same
+MARK = CHECK_MARK
 _VALUE = re.compile(rb'([0-9a-f]{8})(?:@([0-9]{1,15}))?"}')
 TAIL_SEARCH = 1 << 16  # the last check is looked for this far back first (then the whole body)
 _DATA = itemgetter(1)  # an EncodedEvent's bytes

@@ -21,7 +21,6 @@ import anyio
 import msgspec
 
 from .backend import EncodedEvent, Writer
-from .checks import ESCAPED_MARK, MARK
 from .errors import CheckpointFailed, PersistenceError
 from .events import (
     AnyEvent,
@@ -34,6 +33,7 @@ from .events import (
     ToolCall,
     check_event_finite,
     encode_event,
+    unmarked,
     encoder,
     event_decoder,
 )
@@ -146,8 +146,7 @@ class Coordinator:
                 data = encoder.encode(event)
             except UnicodeEncodeError:
                 data = self._encode(event)
-        if MARK in data:  # a key "chk" inside a value (a model's tool arguments): the same JSON, never a check's bytes
-            data = data.replace(MARK, ESCAPED_MARK)
+        data = unmarked(data)  # (encode_event's own step, for the inline encode and _encode's)
         if cls not in CHUNKS and cls is not IgnorableEvent:
             try:
                 event_decoder.decode(data)

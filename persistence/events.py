@@ -330,11 +330,22 @@ header_decoder = msgspec.json.Decoder(SessionHeader)
 raw_decoder = msgspec.json.Decoder()
 
 
+CHECK_MARK = b',"chk":"'  # how a check rides on the last line of a durable batch (checks.py)
+_ESCAPED_KEY = b',"\\u0063hk":"'  # the same key spelled so that it cannot be read as one
+
+
 def encode_event(event: AnyEvent) -> bytes:
     """One event as its JSON line body (no newline)."""
     if isinstance(event, IgnorableEvent):
-        return encoder.encode({"seq": event.seq, "time": event.time, "type": event.type, **event.fields})
-    return encoder.encode(event)
+        return unmarked(encoder.encode({"seq": event.seq, "time": event.time, "type": event.type, **event.fields}))
+    return unmarked(encoder.encode(event))
+
+
+def unmarked(data: bytes) -> bytes:
+    """`data` with any key "chk" inside a value (a model's tool arguments, a copied event) written as "\\u0063hk":
+    the same JSON, never the bytes of a check mark, which would make a clean log read as changed after it was
+    written."""
+    return data.replace(CHECK_MARK, _ESCAPED_KEY) if CHECK_MARK in data else data
 
 
 def event_type(event: AnyEvent) -> str:

@@ -184,7 +184,7 @@ async def test_planted_lock_symlink_is_never_followed(tmp_path, backend_name):
 @pytest.mark.parametrize("backend", ["jsonl", "sqlite", "postgres"])
 async def test_a_key_chk_inside_model_arguments_is_never_read_as_a_check(tmp_path, backend):
     """A check rides on an event line as `,"chk":"…"`; a model's tool arguments can hold that key too (nested, not
-    first). Written, the session must load clean with the arguments exactly as given, and be resumable."""
+    first). Written, the session must load clean with the arguments exactly as given, be resumable, and fork clean."""
     from contextlib import ExitStack
 
     from pg_helpers import fresh_schema
@@ -195,6 +195,13 @@ async def test_a_key_chk_inside_model_arguments_is_never_read_as_a_check(tmp_pat
         if url:
             stack.callback(store.backend.close)  # (its connections, before the schema is dropped)
         await written_and_read_back_clean(store)
+        # a fork copies the events through the shared encoder: it must be as clean as the session it copies
+        from cairn.app.cli import main
+
+        where = ["--home", str(tmp_path / "home"), "--backend", backend] + (["--database-url", url] if url else [])
+        assert main(["fork", *where, "--session-id", "f", "s"]) == 0
+        forked = next(e for e in store.inspect("f").events if type(e).__name__ == "ToolCall")
+        assert forked.arguments["chk"] == "0000abcd@0"
 
 
 async def written_and_read_back_clean(store: SessionStore) -> None:

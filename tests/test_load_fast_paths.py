@@ -15,7 +15,7 @@ import pytest
 from cairn.persistence import checks
 from cairn.persistence.checks import RunningCheck, verify_checks
 from cairn.persistence.errors import PersistenceError
-from cairn.persistence.events import ToolCall, TurnStart, UserMessage, encode_event
+from cairn.persistence.events import ToolCall, TurnStart, UserMessage, encode_event, encoder
 
 
 def stored_lines(n: int, rng: random.Random) -> list[bytes]:
@@ -33,7 +33,8 @@ def stored_lines(n: int, rng: random.Random) -> list[bytes]:
             events.append(UserMessage(seq=i, time=1000 + i, turn=1, step=0, text=f"line {i} " + "x" * rng.randrange(300)))
     check, lines, i = RunningCheck(), [], 0
     while i < n:
-        batch = [(e.seq, encode_event(e)) for e in events[i : i + rng.randrange(1, 40)]]
+        # the raw encoder, as logs written before `unmarked` have them: the tool calls' "chk" keys are stray marks
+        batch = [(e.seq, encoder.encode(e)) for e in events[i : i + rng.randrange(1, 40)]]
         stamped, at = check.stamp(batch, durable=rng.random() < 0.5)
         check.advance(at)
         lines += [data for _, data in stamped]
