@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from textual import events
 from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.screen import Screen
 
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import OpenedSession, SessionStore
@@ -110,8 +111,23 @@ class CairnApp(App["SessionChoice | None"]):
     def on_unmount(self) -> None:
         quiet_gc.release_full_collections()
 
+    def get_default_screen(self) -> Screen[Any]:
+        """The chat is the app's first screen, laid out once inside the app's start-up (pushed from `on_mount` it was
+        laid out twice, the first thrown away: P8); with no session, the sessions screen is pushed over a blank one."""
+        if self.session is None:
+            return super().get_default_screen()
+        assert self.provider is not None
+        self.chat = ChatScreen(self.session, self.config, self.provider)
+        return self.chat
+
+    def on_ready(self) -> None:
+        """The first frame is out (Textual's `Ready`, through the app's own queue: a screen's queue can be held by a
+        prompt waiting for the agent, and a callback after a refresh goes to whichever screen is on top then)."""
+        quiet_gc.hold_full_collections()  # full collections at quiet moments only
+        if self.chat is not None:
+            self.chat.first_frame_drawn()
+
     def on_mount(self) -> None:
-        self.call_after_refresh(quiet_gc.hold_full_collections)  # full collections at quiet moments only
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         self._handle_signals()
         if self.notice:
@@ -120,10 +136,6 @@ class CairnApp(App["SessionChoice | None"]):
             from .screens.sessions import SessionsScreen
 
             self.push_screen(SessionsScreen(self.store), self._chosen)
-        else:
-            assert self.provider is not None
-            self.chat = ChatScreen(self.session, self.config, self.provider)
-            self.push_screen(self.chat)
 
     async def on_event(self, event: events.Event) -> None:
         """Keys for an approval modal that belong to typing go to the prompt instead (Ctrl+Q still quits)."""

@@ -49,6 +49,7 @@ from tui_helpers import (
     make_world,
     results,
     types_of,
+    top_screen,
     wait_for,
     write_log,
 )
@@ -373,7 +374,7 @@ async def test_resume_screen_lists_repaired_calls_and_its_verdict_lands_before_t
     write_log(world.store, "crashed-id", crashed_turn())
     app = world.resume_app("crashed-id")
     async with running(app) as pilot:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume screen")
+        screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume screen")
         assert [(c.call_id, c.tool, c.status) for c in screen.calls] == [
             (DEPLOY.call_id, "run_command", "OUTCOME_UNKNOWN"), (CHANGELOG.call_id, "edit_file", "NOT_STARTED")]
         table = screen.query_one(DataTable)
@@ -426,7 +427,7 @@ async def test_a_session_whose_provider_cannot_be_built_still_opens_takes_verdic
     reason = "set OPENAI_API_KEY (or CAIRN_API_KEY) to continue this session"
     app = CairnApp(world.config, world.store.open_for_resume("crashed-id"), world.store, unavailable=reason)
     async with running(app) as pilot:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume screen")
+        screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume screen")
         await pilot.press("v")
         await wait_for(pilot, lambda: isinstance(app.screen, VerdictDialog), "the verdict dialog")
         await pilot.press("h", "enter")
@@ -445,7 +446,7 @@ async def test_resume_screen_refuses_a_verdict_on_a_not_started_call(tmp_path):
     write_log(world.store, "crashed-id", crashed_turn())
     app = world.resume_app("crashed-id")
     async with running(app) as pilot:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume screen")
+        screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume screen")
         await pilot.press("down", "v")
         await pilot.pause()
         assert app.screen is screen  # no dialog for a call that never ran
@@ -578,7 +579,7 @@ async def test_sessions_and_resume_screens_show_brackets_verbatim_not_as_markup(
 
     app = world.resume_app("brackets")
     async with running(app) as pilot:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume screen")
+        screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume screen")
         await pilot.pause()
         assert str(screen.query_one(DataTable).get_row(call_id)[1]) == 'command="ls [/tmp] [b]x"'
         await pilot.press("v")

@@ -10,7 +10,7 @@ and where the view is.
 from __future__ import annotations
 
 import pytest
-from tui_helpers import completed_turn, crashed_turn, ended_turns, make_world, wait_for, write_log
+from tui_helpers import completed_turn, crashed_turn, ended_turns, make_world, top_screen, wait_for, write_log
 
 from cairn.persistence.events import AssistantChunk
 from cairn.widgets.answer_pieces import LIVE_LIMIT, Sealer, pieces_of
@@ -340,7 +340,7 @@ def test_fit_chat_with_recovered_cards(snap_compare, tmp_path, size):
     async def recovered(pilot) -> None:
         from cairn.app.screens.resume import ResumeScreen
 
-        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+        await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
         await pilot.press("c")
         await wait_for(pilot, lambda: app.screen is app.chat and len(app.chat.query(ToolCard)) == 2, "the chat")
         cards = list(app.chat.query(ToolCard))
@@ -367,7 +367,7 @@ def test_fit_resume_screen(snap_compare, tmp_path, size):
 
         from cairn.app.screens.resume import ResumeScreen
 
-        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+        await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
         await pilot.pause()
         text = screen_text(app)
         assert "OUTCOME_UNKNOWN" in text and "NOT_STARTED" in text  # the point of the screen, at every size

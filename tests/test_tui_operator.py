@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tui_helpers import approval_ready, completed_turn, make_world, wait_for, write_log
+from tui_helpers import approval_ready, completed_turn, make_world, top_screen, wait_for, write_log
 
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.tool_card import ToolCard
@@ -124,7 +124,7 @@ def test_resume_screen_with_a_verdict_and_evidence_picture(snap_compare, tmp_pat
     app = world.resume_app("crashed-id")
 
     async def shown(pilot) -> None:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume")
+        screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume")
         await pilot.pause(0.6)  # past the typing gap: `v` is a decision
         await pilot.press("v")
         await wait_for(pilot, lambda: isinstance(app.screen, VerdictDialog), "the verdict dialog")
@@ -155,7 +155,7 @@ async def test_resume_footer_offers_continue_when_every_call_is_not_started(tmp_
     app = world.resume_app("ns")
     try:
         async with app.run_test(size=(80, 24)) as pilot:
-            screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume")
+            screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume")
             assert {c.status for c in screen.calls} == {"NOT_STARTED"}
             await pilot.pause()
             footer = screen_text(app).splitlines()[-1]

@@ -45,7 +45,7 @@ from cairn.persistence.events import (
 from cairn.persistence.session import LiveSession
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.transcript import Notice
-from tui_helpers import make_world, wait_for, write_log
+from tui_helpers import make_world, top_screen, wait_for, write_log
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
 SIZE = (120, 32)
@@ -233,7 +233,7 @@ def test_an_interrupted_rewind_is_shown_on_open_and_finished(tmp_path):
 
     async def run() -> None:
         async with app.run_test(size=SIZE) as pilot:
-            screen = await wait_for(pilot, lambda: isinstance(app.screen, PendingRewindScreen) and app.screen,
+            screen = await wait_for(pilot, lambda: top_screen(app, PendingRewindScreen),
                                     "the interrupted rewind")
             text = str(screen.query_one("#pending").render())
             assert "Restored: a.txt" in text and "Not restored yet: b.txt" in text
@@ -285,7 +285,7 @@ def test_accept_evidence_key_records_a_durable_verdict(tmp_path):
 
     async def run() -> None:
         async with app.run_test(size=SIZE) as pilot:
-            screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume")
+            screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume")
             assert screen.calls[0].evidence == "happened"
             await pilot.press("h", "e", "l", "l", "o")  # typing meant for the prompt decides nothing
             await pilot.pause(0.6)
@@ -402,7 +402,7 @@ def test_resume_screen_with_evidence_picture(snap_compare, tmp_path, size):
     app = world.resume_app("crashed-id")
 
     async def shown(pilot) -> None:
-        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+        await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
         await pilot.pause()
         text = screen_text(app)
         for words in ("write_file", "OUTCOME_UNKNOWN", "NOT_STARTED", "happened", "call_1_1_1", "call_1_1_2",

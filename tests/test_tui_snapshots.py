@@ -21,7 +21,7 @@ from cairn.app.screens.sessions import SessionsScreen
 from cairn.app.tui import CairnApp
 from cairn.persistence.events import AssistantChunk, StepEnd, StepStart, TurnStart, UserMessage
 from cairn.persistence.locks import SessionLock
-from tui_helpers import approval_ready, completed_turn, crashed_turn, make_world, wait_for, write_log
+from tui_helpers import approval_ready, completed_turn, crashed_turn, make_world, top_screen, wait_for, write_log
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.status_bar import StatusBar
 from cairn.widgets.tool_card import ToolCard
@@ -213,7 +213,7 @@ def test_resume_detail_pane(snap_compare, tmp_path):
     app = world.resume_app("crashed-id")
 
     async def shown(pilot) -> None:
-        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+        await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
 
     assert snapshot(snap_compare, app, shown)
 
@@ -247,7 +247,7 @@ def test_resume_screen_with_not_started_and_outcome_unknown_rows(snap_compare, t
     app = world.resume_app("crashed-id")
 
     async def shown(pilot) -> None:
-        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+        await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
         assert [c.status for c in app.screen.calls] == ["OUTCOME_UNKNOWN", "NOT_STARTED"]
 
     assert snapshot(snap_compare, app, shown)
@@ -260,7 +260,7 @@ def test_verdict_dialog(snap_compare, tmp_path):
     app = world.resume_app("crashed-id")
 
     async def shown(pilot) -> None:
-        await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen), "the resume screen")
+        await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
 
     assert snapshot(snap_compare, app, shown, press=["v"])
 

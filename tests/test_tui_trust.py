@@ -27,6 +27,7 @@ from tui_helpers import (
     ended_turns,
     make_world,
     results,
+    top_screen,
     wait_for,
     write_log,
 )
@@ -642,7 +643,7 @@ async def test_resume_detail_pane_shows_the_full_command_what_the_model_hears_an
     write_log(world.store, "crashed-id", events)
     app = world.resume_app("crashed-id")
     async with running(app, (160, 40)) as pilot:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume screen")
+        screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume screen")
         assert "was interrupted" in str(screen.query_one("#title").render())
         detail = screen.detail(screen.calls[0])
         assert "The model will be told: Cairn stopped" in str(detail)
@@ -676,7 +677,7 @@ async def test_verdict_dialog_preselects_nothing_and_enter_records_the_highlight
     write_log(world.store, "crashed-id", crashed_turn())
     app = world.resume_app("crashed-id")
     async with running(app) as pilot:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, ResumeScreen) and app.screen, "resume screen")
+        screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume screen")
         await pilot.press("v")
         dialog = await wait_for(pilot, lambda: isinstance(app.screen, VerdictDialog) and app.screen, "the dialog")
         assert dialog.query_one(OptionList).highlighted is None

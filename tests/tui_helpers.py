@@ -157,6 +157,13 @@ async def wait_for(pilot: Any, condition: Callable[[], Any], what: str, timeout:
         await asyncio.sleep(0.01)
 
 
+def top_screen(app: Any, kind: type) -> Any:
+    """The app's top screen if it is a `kind` whose `on_mount` has run (a screen pushed during the app's own start-up
+    is on top of the stack before it is mounted), else None."""
+    screen = app.screen
+    return screen if isinstance(screen, kind) and screen.is_mounted else None
+
+
 def ended_turns(events: list[AnyEvent]) -> list[TurnEnd]:
     return [e for e in events if isinstance(e, TurnEnd)]
 

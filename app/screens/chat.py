@@ -8,7 +8,6 @@ the transcript applies them exactly as it applies history.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import time
 from contextlib import AsyncExitStack
@@ -145,6 +144,7 @@ class ChatScreen(Screen[None]):
         self._stop = asyncio.Event()
         self._agent_ready = asyncio.Event()
         self._agent_wanted = asyncio.Event()  # a prompt waits for the agent: build it now, not a moment later
+        self._frame_drawn = asyncio.Event()  # the first frame is out: the agent stack may be built a moment later
         self._worker: Any = None
         self._compacting = False  # a summary request runs (context compaction): the status bar says so
         self._sending = False  # a prompt was handed over and no answer has started yet: the status bar says `sending…`
@@ -197,7 +197,11 @@ class ChatScreen(Screen[None]):
             await transcript.mount(Notice(welcome, markup=False))
         transcript.scroll_end(animate=False)
         self.session.subscribe(self._on_session_event)
-        self.call_after_refresh(self._start_agent)  # the agent stack after the first frame: usable first (P8)
+        # the agent stack after the first frame: usable first (P8). Its worker starts now and waits for that frame (the
+        # app says so) or for a prompt, whichever comes first: a prompt sent before the first frame holds this
+        # screen's queue while it waits for the agent, so the worker must not need that queue to begin
+        self._start_agent()
+        self.call_after_refresh(self.first_frame_drawn)  # (a chat mounted after the app's first frame)
         calls: list[Any] = []
         if self.session.repaired or calls_awaiting_verdict(self.session.events):
             from .resume import recovered_from  # (imported only when there may be calls to show: start-up, P8)
@@ -251,9 +255,12 @@ class ChatScreen(Screen[None]):
         self.session.append(RecoveryVerdict(call_id=call_id, verdict=verdict, note=note))  # type: ignore[arg-type]
         await self.session.flush()
 
+    def first_frame_drawn(self) -> None:
+        self._frame_drawn.set()
+
     def _start_agent(self) -> None:
-        """Right after the first frame: build the agent stack (loop, tools, providers, MCP servers) in a worker, so the
-        screen is drawn first. A prompt sent before it is ready waits for it."""
+        """The worker that builds the agent stack (loop, tools, providers, MCP servers) right after the first frame, so
+        the screen is drawn first. A prompt sent before it is ready waits for it."""
         if self._worker is None and not self._stop.is_set():
             self._worker = self.run_worker(self._run_agent(), name="agent", exit_on_error=True)
 
@@ -261,8 +268,16 @@ class ChatScreen(Screen[None]):
         # a moment after the first frame (keys typed right after the screen appears are echoed before the imports
         # begin, P8), at once if a prompt is already waiting. Waited here, in the worker: a Textual timer would reach
         # this screen through its message queue, which a prompt waiting for the agent holds (a deadlock)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._agent_wanted.wait(), AFTER_FIRST_FRAME)
+        wanted, drawn, stop = (asyncio.ensure_future(e.wait()) for e in (self._agent_wanted, self._frame_drawn,
+                                                                           self._stop))
+        try:
+            await asyncio.wait((wanted, drawn, stop), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((wanted, stop), timeout=AFTER_FIRST_FRAME, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (wanted, drawn, stop):
+                waiting.cancel()
+        if self._stop.is_set():
+            return  # the app closes before the agent was ever needed
         await load_agent_stack()
         from ..compose import mount_agent
 
