@@ -222,19 +222,19 @@ def test_a_turn_with_output_expanded_by_keyboard_picture(snap_compare, tmp_path,
         await pilot.press("a")
         await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
         card = await wait_for(pilot, lambda: app.chat.query(ToolCard) and app.chat.query_one(ToolCard), "card")
-        await wait_for(pilot, lambda: card.status == "done" and card._collapsible.display, "the result")
+        await wait_for(pilot, lambda: card.status == "done" and card.has_output, "the result")
         for _ in range(6):  # Shift+Tab from the prompt walks back to the card
             if app.focused is card:
                 break
             await pilot.press("shift+tab")
         assert app.focused is card
-        assert card._collapsible.collapsed
+        assert not card.expanded
         await pilot.press("enter")
-        await wait_for(pilot, lambda: not card._collapsible.collapsed, "the output expanded")
+        await wait_for(pilot, lambda: card.expanded, "the output expanded")
         await pilot.press("space")
-        await wait_for(pilot, lambda: card._collapsible.collapsed, "collapsed again")
+        await wait_for(pilot, lambda: not card.expanded, "collapsed again")
         await pilot.press("space")
-        await wait_for(pilot, lambda: not card._collapsible.collapsed, "expanded again")
+        await wait_for(pilot, lambda: card.expanded, "expanded again")
         await pilot.pause()
         text = screen_text(app)
         for words in ("✔ done", "run_command", "alpha", "beta", "gamma", "Three files"):

@@ -11,6 +11,7 @@ widgets as `Text` or with markup off, never parsed as markup.
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -58,8 +59,28 @@ def status_for(error_code: str | None) -> str:
     return ERROR_STATUS.get(error_code, "error")
 
 
+class OutputFold(Static):
+    """A card's folded output line, drawn as Textual's `Collapsible` draws its collapsed title (` ▶ output (N lines)`
+    on the surface colour) but as one widget instead of four: a history card costs two widgets until its output is
+    first opened, and a long session opens with a screenful of cards (P8). A click opens the output."""
+
+    ALLOW_SELECT = False
+    DEFAULT_CSS = """
+    OutputFold { width: 1fr; height: auto; padding: 0 0 0 1; background: $surface; pointer: pointer;
+                 color: $block-cursor-blurred-foreground; text-style: $block-cursor-blurred-text-style; }
+    OutputFold:hover { background: $block-hover-background; color: $foreground; }
+    """
+
+    def on_click(self, event: events.Click) -> None:
+        event.stop()
+        card = self.parent
+        if isinstance(card, ToolCard):
+            card.action_toggle_output()
+
+
 class ToolCard(Vertical, can_focus=True):
-    """Focusable (Tab / Shift+Tab move through the cards): Enter or Space expands and collapses its output."""
+    """Focusable (Tab / Shift+Tab move through the cards): Enter or Space expands and collapses its output. The output
+    is a `Collapsible` built the first time it is opened; until then one `OutputFold` line stands for it."""
 
     BINDINGS = [Binding("enter,space", "toggle_output", "Output", show=False)]
 
@@ -84,22 +105,45 @@ class ToolCard(Vertical, can_focus=True):
         self.arguments = arguments
         self.safety = safety
         self._title = Static(classes="title")
-        self._output = Static("", markup=False)
-        self._collapsible = Collapsible(self._output, title="output", collapsed=True)
+        self._output_text = ""  # terminal-safe
+        self._output_title = "output"
+        self._fold = OutputFold(markup=False)
+        self._collapsible: Collapsible | None = None  # built when the output is first opened
+        self._output: Static | None = None  # inside it
 
     def compose(self) -> ComposeResult:
         yield self._title
-        yield self._collapsible
+        yield self._fold
 
     def on_mount(self) -> None:
-        self._collapsible.display = False
-        for title in self._collapsible.query(CollapsibleTitle):
-            title.can_focus = False  # the card itself is the one Tab stop
+        self._fold.display = False  # (as before: a card read from history shows no output line)
         self._refresh_title()
 
+    @property
+    def has_output(self) -> bool:
+        """An output line is shown (folded or open)."""
+        return bool(self._fold.display or (self._collapsible is not None and self._collapsible.display))
+
+    @property
+    def expanded(self) -> bool:
+        return self._collapsible is not None and not self._collapsible.collapsed
+
     def action_toggle_output(self) -> None:
-        if self._collapsible.display:
+        if not self.has_output:
+            return
+        if self._collapsible is None:
+            self._output = Static(self._output_text, markup=False)
+            self._collapsible = Collapsible(self._output, title=self._output_title, collapsed=False)
+            self._fold.display = False
+            self.mount(self._collapsible, after=self._fold)
+            self.call_after_refresh(self._title_not_focusable)
+        else:
             self._collapsible.collapsed = not self._collapsible.collapsed
+
+    def _title_not_focusable(self) -> None:
+        if self._collapsible is not None:
+            for title in self._collapsible.query(CollapsibleTitle):
+                title.can_focus = False  # the card itself is the one Tab stop
 
     def watch_status(self, old: str, new: str) -> None:
         self.remove_class(f"-{old.replace(' ', '-')}")
@@ -122,7 +166,13 @@ class ToolCard(Vertical, can_focus=True):
 
     def set_result(self, content: str, error_code: str | None) -> None:
         self.status = status_for(error_code)
-        self._output.update(safe_text(content))
-        self._collapsible.display = bool(content)
+        self._output_text = safe_text(content)
         lines = content.count("\n") + 1
-        self._collapsible.title = f"output ({lines} line{'s' if lines != 1 else ''})"
+        self._output_title = f"output ({lines} line{'s' if lines != 1 else ''})"
+        self._fold.update(Content.assemble("▶", " ", self._output_title))
+        if self._collapsible is None or self._output is None:
+            self._fold.display = bool(content)
+        else:
+            self._output.update(self._output_text)
+            self._collapsible.title = self._output_title
+            self._collapsible.display = bool(content)
