@@ -243,6 +243,31 @@ def test_a_turn_with_output_expanded_by_keyboard_picture(snap_compare, tmp_path,
     assert picture(snap_compare, app, size, expanded)
 
 
+async def test_a_click_on_the_folded_output_line_opens_it_and_the_card_stays_the_one_tab_stop(tmp_path):
+    from textual.widgets._collapsible import CollapsibleTitle
+
+    from cairn.widgets.tool_card import OutputFold
+    from tui_helpers import ended_turns
+
+    world = listing_turn(tmp_path)
+    app = world.new_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.chat.query_one(PromptInput).insert("list them")
+        await pilot.press("enter")
+        await approval_ready(pilot, app)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
+        card = await wait_for(pilot, lambda: app.chat.query(ToolCard) and app.chat.query_one(ToolCard), "card")
+        await wait_for(pilot, lambda: card.has_output, "the output line")
+        assert not card.expanded and not card.query(CollapsibleTitle)  # folded: no Collapsible built yet
+        await pilot.click(card.query_one(OutputFold))
+        await wait_for(pilot, lambda: card.expanded, "the click to open the output")
+        assert not card.query_one(OutputFold).display
+        assert [t.can_focus for t in card.query(CollapsibleTitle)] == [False]
+        assert "gamma" in screen_text(app)
+        await app.action_quit()
+
+
 async def test_reasoning_and_compaction_lines_open_by_keyboard_and_f1_lists_the_keys(tmp_path):
     from cairn.app.screens.help import KEYS
     from cairn.persistence.events import ContextCompaction

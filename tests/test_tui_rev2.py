@@ -232,7 +232,7 @@ async def test_escape_sequences_from_the_model_tools_and_prompt_are_rendered_as_
         await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 1, "the turn to end")
         await pilot.pause()
         card = app.chat.query_one(ToolCard)
-        card.action_toggle_output()
+        await card.action_toggle_output()
         blocks(app)[0].collapsed = False
         await pilot.pause()
         assert card.expanded and card._output is not None

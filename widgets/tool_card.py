@@ -71,11 +71,11 @@ class OutputFold(Static):
     OutputFold:hover { background: $block-hover-background; color: $foreground; }
     """
 
-    def on_click(self, event: events.Click) -> None:
+    async def on_click(self, event: events.Click) -> None:
         event.stop()
         card = self.parent
         if isinstance(card, ToolCard):
-            card.action_toggle_output()
+            await card.action_toggle_output()
 
 
 class ToolCard(Vertical, can_focus=True):
@@ -128,22 +128,18 @@ class ToolCard(Vertical, can_focus=True):
     def expanded(self) -> bool:
         return self._collapsible is not None and not self._collapsible.collapsed
 
-    def action_toggle_output(self) -> None:
+    async def action_toggle_output(self) -> None:
         if not self.has_output:
             return
         if self._collapsible is None:
             self._output = Static(self._output_text, markup=False)
             self._collapsible = Collapsible(self._output, title=self._output_title, collapsed=False)
             self._fold.display = False
-            self.mount(self._collapsible, after=self._fold)
-            self.call_after_refresh(self._title_not_focusable)
-        else:
-            self._collapsible.collapsed = not self._collapsible.collapsed
-
-    def _title_not_focusable(self) -> None:
-        if self._collapsible is not None:
+            await self.mount(self._collapsible, after=self._fold)
             for title in self._collapsible.query(CollapsibleTitle):
                 title.can_focus = False  # the card itself is the one Tab stop
+        else:
+            self._collapsible.collapsed = not self._collapsible.collapsed
 
     def watch_status(self, old: str, new: str) -> None:
         # a card built from history goes queued → running → done before it is mounted: restyling it each time (as
