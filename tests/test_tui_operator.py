@@ -258,11 +258,20 @@ async def test_a_click_on_the_folded_output_line_opens_it_and_the_card_stays_the
         await pilot.press("a")
         await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
         card = await wait_for(pilot, lambda: app.chat.query(ToolCard) and app.chat.query_one(ToolCard), "card")
-        await wait_for(pilot, lambda: card.has_output, "the output line")
+        fold = card.query_one(OutputFold)
+
+        def fold_on_screen() -> bool:
+            """The folded line is laid out where the click will land: `has_output` turns true before the next layout,
+            and the answer still scrolling in moves the card, so a click computed earlier can miss it."""
+            if not card.has_output or not fold.region.area or "Three files" not in screen_text(app):
+                return False
+            return app.screen.get_widget_at(*fold.region.center)[0] is fold
+
+        await wait_for(pilot, fold_on_screen, "the folded output line on screen")
         assert not card.expanded and not card.query(CollapsibleTitle)  # folded: no Collapsible built yet
-        await pilot.click(card.query_one(OutputFold))
+        await pilot.click(fold)
         await wait_for(pilot, lambda: card.expanded, "the click to open the output")
-        assert not card.query_one(OutputFold).display
+        assert not fold.display
         assert [t.can_focus for t in card.query(CollapsibleTitle)] == [False]
         assert "gamma" in screen_text(app)
         await app.action_quit()
