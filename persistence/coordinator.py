@@ -85,13 +85,16 @@ class Coordinator:
         self._next_seq = next_seq
         self._last_time = last_time
         self.durable_seq = next_seq - 1
-        self._io = anyio.Lock()
-        self._wake = anyio.Event()
+        # anyio's lock (its acquire yields once, so appends made meanwhile join that write) is made at the first write:
+        # its module costs ~5 ms to import, before the TUI's first frame otherwise (P8). The two wake-ups signal the
+        # write-behind task, a plain asyncio task, so they are asyncio's own
+        self._io: anyio.Lock | None = None
+        self._wake = asyncio.Event()
         self._armed = False  # write-behind has been woken and will pick up whatever is appended meanwhile
         self._io_cost = 0.0  # smoothed seconds per backend call: decides inline vs worker thread
         self._inflight: _Flush | None = None
         self._task: asyncio.Task[None] | None = None
-        self._closing = anyio.Event()
+        self._closing = asyncio.Event()
         self.closed = False
         self.stats = Stats()
         self.last_error: BaseException | None = None
@@ -256,7 +259,7 @@ class Coordinator:
     async def _write_behind(self) -> None:
         while True:
             await self._wake.wait()
-            self._wake = anyio.Event()
+            self._wake = asyncio.Event()
             if self.closed:
                 return
             with anyio.move_on_after(self.window):
@@ -276,6 +279,8 @@ class Coordinator:
 
     async def _write(self, durable: bool) -> None:
         with anyio.CancelScope(shield=True):
+            if self._io is None:
+                self._io = anyio.Lock()
             async with self._io:
                 if self._inline():
                     self._write_now(durable)
@@ -332,7 +337,7 @@ class Coordinator:
         target = self._next_seq - 1
         if self.durable_seq >= target:
             return
-        if self._inflight is None and not self._io.locked() and self._inline():
+        if self._inflight is None and not (self._io is not None and self._io.locked()) and self._inline():
             # fast path: nobody to share with and nothing to wait for, so no bookkeeping for joiners either
             try:
                 self._write_now(durable=True)

@@ -6,8 +6,8 @@ store imports the backends: they share this instead of importing each other.
 
 from __future__ import annotations
 
+import os
 import re
-import secrets
 import time
 
 from .errors import InvalidSessionId
@@ -27,4 +27,4 @@ def valid_session_id(session_id: str) -> bool:
 
 def new_session_id() -> str:
     """Sortable by creation time, unique enough across processes: 20261202-155200-3fa9c1."""
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + secrets.token_hex(3)
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + os.urandom(3).hex()  # (secrets.token_hex, without importing hmac and hashlib)

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import os
-import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +118,13 @@ class DeferredWriter(Writer):
             self._writer.close()
 
 
+def sqlite_error() -> type[BaseException]:
+    """sqlite3's error once the SQLite backend has loaded it; a JSONL or PostgreSQL session never imports sqlite3
+    (~1 ms before the TUI's first frame, P8)."""
+    sqlite3 = sys.modules.get("sqlite3")
+    return sqlite3.Error if sqlite3 is not None else OSError
+
+
 class SessionStore:
     def __init__(self, home: Path | str, backend: Backend | str = "jsonl", database_url: str | None = None) -> None:
         self.home = Path(home)
@@ -159,7 +166,7 @@ class SessionStore:
                 repaired = repair_with_evidence(log.events, log.header.cwd)
                 if repaired:
                     writer.append([(e.seq, encode_event(e)) for e in repaired], durable=True)
-            except (OSError, sqlite3.Error) as e:
+            except (OSError, sqlite_error()) as e:
                 writer.close()
                 raise StoreUnavailable(
                     f"cannot commit the repair of session {session_id!r}: {e}; nothing was changed, try again", e
