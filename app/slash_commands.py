@@ -4,12 +4,11 @@ wasted (and billed) turn."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 from typing import Any
 
 
-@dataclass(frozen=True)
-class SlashCommand:
+class SlashCommand(msgspec.Struct, frozen=True):
     name: str
     usage: str
     help: str

@@ -8,7 +8,7 @@ store around it, identically for every backend.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+import msgspec
 from typing import Any
 
 from .events import AnyEvent, SessionHeader
@@ -18,14 +18,13 @@ from .events import AnyEvent, SessionHeader
 EncodedEvent = tuple[int, bytes]
 
 
-@dataclass
-class LoadedLog:
+class LoadedLog(msgspec.Struct):
     header: SessionHeader
     events: list[AnyEvent]
     location: str  # a path (and for SQLite the session id) for messages
     torn_bytes: int = 0  # bytes of a torn tail that were dropped (JSONL only)
     check: Any = None  # checks.Position: where a resuming writer continues the running crc (None: a new log)
-    extra: dict = field(default_factory=dict)
+    extra: dict = msgspec.field(default_factory=dict)
 
 
 class Writer(ABC):

@@ -25,7 +25,7 @@ import re
 import threading
 import zlib
 from bisect import bisect_right
-from dataclasses import dataclass
+import msgspec
 from operator import itemgetter
 
 from .backend import EncodedEvent
@@ -39,8 +39,7 @@ _DATA = itemgetter(1)  # an EncodedEvent's bytes
 PARALLEL_MIN = 1 << 22  # a prefix this long is summed in a thread while it is searched for stray marks
 
 
-@dataclass
-class Position:
+class Position(msgspec.Struct):
     """Where the writer stands in the stored body: the running crc, the next seq, the body's length (check fields
     included) and the offset of the last check field."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time as _time
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 import anyio
@@ -56,8 +55,7 @@ class CoordinatorClosed(PersistenceError):
         super().__init__("the session is closed; no more events or checkpoints can be written")
 
 
-@dataclass
-class Stats:
+class Stats(msgspec.Struct):
     writes: int = 0  # calls into the backend
     fsyncs: int = 0  # durable writes (one fdatasync or FULL commit each)
     bytes: int = 0

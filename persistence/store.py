@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+import msgspec
 from pathlib import Path
 
 from .backend import Backend, EncodedEvent, Writer
@@ -51,8 +51,7 @@ def make_backend(name: str, home: Path, database_url: str | None = None) -> Back
     raise PersistenceError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
 
 
-@dataclass
-class OpenedSession:
+class OpenedSession(msgspec.Struct):
     """A session opened for writing: locked, with its events loaded (repair included) and a writer at the end."""
 
     header: SessionHeader
@@ -63,8 +62,7 @@ class OpenedSession:
     torn_bytes: int = 0
 
 
-@dataclass
-class Inspection:
+class Inspection(msgspec.Struct):
     header: SessionHeader
     events: list[AnyEvent]  # as stored
     repair: list[AnyEvent]  # what repair would append (empty for a live session: it is shown as it stands)
@@ -72,8 +70,7 @@ class Inspection:
     torn_bytes: int = 0
 
 
-@dataclass
-class SessionSummary:
+class SessionSummary(msgspec.Struct):
     id: str
     cwd: str
     created: int

@@ -9,7 +9,7 @@ table cut between rows keeps one set of column widths (`TableLook`) and one head
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import msgspec
 from typing import Iterable
 
 LIVE_LIMIT = 1000  # characters in the live piece before its finished part is sealed
@@ -23,16 +23,14 @@ SETEXT = re.compile(r" {0,3}(?:=+|-+)\s*$")
 MAX_COLUMN = 40  # a frozen table column is never wider than this (longer cells wrap)
 
 
-@dataclass
-class TableLook:
+class TableLook(msgspec.Struct):
     """How a table that spans pieces is drawn in each of them: fixed column widths, the header only in the first."""
 
     widths: list[int]
     show_header: bool = True
 
 
-@dataclass
-class Piece:
+class Piece(msgspec.Struct):
     text: str  # Markdown, complete in itself (a cut fence closed, a continued table given its header back)
     gap: bool = False  # a blank line separated it from the piece before
     first_table: TableLook | None = None  # look of the piece's first table (the continuation of a cut table)

@@ -7,7 +7,7 @@ Token usage is what the provider reported on `assistant/message.usage`: input (â
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from textual.reactive import reactive
 from textual.widgets import Static
@@ -27,8 +27,7 @@ def format_tokens(n: int) -> str:
     return f"{n / 1_000_000:.1f}M"
 
 
-@dataclass
-class TokenTotals:
+class TokenTotals(msgspec.Struct):
     """Sums of the counts providers reported; `known` stays False until some answer reported any."""
 
     input: int = 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, field
+import msgspec
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,18 +38,16 @@ class ConfigFileError(ValueError):
     """A config file that cannot be used; the message is one line naming the file (and line and key when known)."""
 
 
-@dataclass
-class Profile:
+class Profile(msgspec.Struct):
     name: str
     settings: dict[str, Any]  # validated values, only the keys the file sets
 
 
-@dataclass
-class ConfigFile:
+class ConfigFile(msgspec.Struct):
     path: Path
     default_profile: str | None = None
-    profiles: dict[str, Profile] = field(default_factory=dict)
-    mcp_servers: dict[str, Any] = field(default_factory=dict)  # NAME -> tools.mcp.McpServerConfig
+    profiles: dict[str, Profile] = msgspec.field(default_factory=dict)
+    mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)  # NAME -> tools.mcp.McpServerConfig
 
     def profile(self, name: str, how: str) -> Profile:
         """The profile called `name`; `how` says who asked for it (for the error)."""

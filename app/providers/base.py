@@ -4,14 +4,13 @@ tool calls. Providers never see the session; the loop records what they produce.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 from typing import Any, AsyncIterator, Protocol
 
 from cairn.persistence.events import Usage
 
 
-@dataclass(frozen=True)
-class ToolSchema:
+class ToolSchema(msgspec.Struct, frozen=True):
     """A tool as the model sees it (OpenAI function-calling shape)."""
 
     name: str
@@ -19,30 +18,26 @@ class ToolSchema:
     parameters: dict[str, Any]  # JSON Schema of the arguments object
 
 
-@dataclass
-class ModelRequest:
+class ModelRequest(msgspec.Struct):
     messages: list[dict[str, Any]]  # OpenAI chat messages (role/content/tool_calls/tool_call_id)
     tools: list[ToolSchema]
     model: str
-    params: dict[str, Any] = field(default_factory=dict)  # e.g. temperature; recorded in request/header
+    params: dict[str, Any] = msgspec.field(default_factory=dict)  # e.g. temperature; recorded in request/header
     turn: int = 0
     step: int = 0
 
 
-@dataclass(frozen=True)
-class TextDelta:
+class TextDelta(msgspec.Struct, frozen=True):
     text: str
 
 
-@dataclass(frozen=True)
-class ReasoningDelta:
+class ReasoningDelta(msgspec.Struct, frozen=True):
     """A piece of the model's reasoning (DeepSeek `reasoning_content`, `reasoning`, Anthropic thinking)."""
 
     text: str
 
 
-@dataclass(frozen=True)
-class RawToolCall:
+class RawToolCall(msgspec.Struct, frozen=True):
     """A complete tool call. `arguments` is the raw JSON text the model produced (it may be invalid JSON)."""
 
     call_id: str
@@ -50,8 +45,7 @@ class RawToolCall:
     arguments: str
 
 
-@dataclass(frozen=True)
-class StreamEnd:
+class StreamEnd(msgspec.Struct, frozen=True):
     tool_calls: list[RawToolCall]
     # stop | tool_calls | length | content_filter | other (providers map their own words onto these); None means the
     # stream never said why it ended, which the loop treats as a malformed stream.
