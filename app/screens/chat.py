@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
@@ -146,6 +146,7 @@ class ChatScreen(Screen[None]):
         self._agent_wanted = asyncio.Event()  # a prompt waits for the agent: build it now, not a moment later
         self._frame_drawn = asyncio.Event()  # the first frame is out: the agent stack may be built a moment later
         self._worker: Any = None
+        self._resumed_once = False
         self._compacting = False  # a summary request runs (context compaction): the status bar says so
         self._sending = False  # a prompt was handed over and no answer has started yet: the status bar says `sending…`
         self._incoming: list[AnyEvent] = []
@@ -254,6 +255,14 @@ class ChatScreen(Screen[None]):
         """An operator's verdict, durable before its dialog closes (SPEC §2 rev 3); raises CheckpointFailed."""
         self.session.append(RecoveryVerdict(call_id=call_id, verdict=verdict, note=note))  # type: ignore[arg-type]
         await self.session.flush()
+
+    def _on_screen_resume(self, event: events.ScreenResume) -> None:
+        """The first resume does not restyle the screen: every widget was styled as it was mounted, just before, and
+        nothing changed since (it was ~half of the style work before the first frame: P8). Later resumes do."""
+        if not self._resumed_once:
+            self._resumed_once = True
+            event.refresh_styles = False
+        super()._on_screen_resume(event)
 
     def first_frame_drawn(self) -> None:
         self._frame_drawn.set()
@@ -687,8 +696,9 @@ class ChatScreen(Screen[None]):
         """The completion popup: the commands matching a `/word` being typed; Tab takes the first."""
         popup = self.query_one("#slash", OptionList)
         found = slash_commands.matches(text)
-        popup.clear_options()
-        popup.add_options([Option(f"{c.usage:<34} {c.help}", id=c.name) for c in found])
+        if found or popup.option_count:  # (typing plain text: nothing to rebuild, key after key)
+            popup.clear_options()
+            popup.add_options([Option(f"{c.usage:<34} {c.help}", id=c.name) for c in found])
         popup.set_class(bool(found), "-visible")
         self.query_one(PromptInput).completion = f"/{found[0].name}" if found else ""
 
