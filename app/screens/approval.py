@@ -26,8 +26,9 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widget import Widget
-from textual.widgets import Footer, Input, Label, Static
+from textual.widgets import Input, Label, Static
 
+from cairn.widgets.quiet_footer import QuietFooter
 from cairn.widgets.terminal_text import safe_text
 
 from ..agent.approval import ApprovalAnswer, ApprovalRequest, first_word
@@ -203,7 +204,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
             yield Choices(*self._options(), id="choices")
             yield Input(placeholder="why not? (the model is told; Enter sends, Esc goes back)", id="note")
             yield Static("", id="guard", markup=False)
-        yield Footer()
+        yield QuietFooter()
 
     def _options(self) -> list[Choice]:
         name = safe_text(self.request.name)

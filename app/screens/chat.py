@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 from textual.widget import MountError
-from textual.widgets import Footer, OptionList, Static
+from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from cairn.persistence.events import (
@@ -39,6 +39,7 @@ from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.session import LiveSession
 from cairn.widgets.persistence_service import PersistenceService
 from cairn.widgets.prompt_input import PromptInput
+from cairn.widgets.quiet_footer import QuietFooter
 from cairn.widgets.status_bar import StatusBar, TokenTotals, format_tokens
 from cairn.widgets.terminal_text import safe_text
 from cairn.widgets.transcript import Notice, Transcript
@@ -177,7 +178,7 @@ class ChatScreen(Screen[None]):
         yield PromptInput(id="prompt")
         yield StatusBar(id="status")
         yield self.service
-        yield Footer()
+        yield QuietFooter()
 
     async def on_mount(self) -> None:
         status = self.query_one(StatusBar)

@@ -9,7 +9,9 @@ from textual.binding import Binding
 from textual.markup import escape
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Footer, Static
+from textual.widgets import Button, Static
+
+from cairn.widgets.quiet_footer import QuietFooter
 
 
 class ConfirmDialog(ModalScreen[bool]):
@@ -34,7 +36,7 @@ class ConfirmDialog(ModalScreen[bool]):
             with Horizontal():
                 yield Button(f"{escape(self.no)} \\[n]", id="no", variant="primary")
                 yield Button(f"{escape(self.yes)} \\[y]", id="yes", variant="error")
-        yield Footer()
+        yield QuietFooter()
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()

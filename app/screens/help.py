@@ -9,7 +9,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Label, Static
+from textual.widgets import Label, Static
+
+from cairn.widgets.quiet_footer import QuietFooter
 
 from ..slash_commands import COMMANDS
 
@@ -79,7 +81,7 @@ class HelpScreen(ModalScreen[None]):
                 yield Static(help_table())
                 yield Static(Text("\nStart a prompt with // to send a text beginning with / to the model.",
                                   style="dim"))
-        yield Footer()
+        yield QuietFooter()
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

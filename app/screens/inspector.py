@@ -30,10 +30,11 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
 from cairn.persistence.errors import PersistenceError
 from cairn.persistence.store import SessionStore
+from cairn.widgets.quiet_footer import QuietFooter
 from cairn.widgets.terminal_text import safe_text
 
 from ..inspect.model import Filter, FilterError, InspectorModel, View, format_delta, parse_filter
@@ -300,7 +301,7 @@ class InspectorScreen(Screen[None]):
         with VerticalScroll(id="detail-box"):
             yield Static("", id="detail")
         yield Input(id="query")
-        yield Footer()
+        yield QuietFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(EventTable)

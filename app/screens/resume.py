@@ -30,7 +30,7 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.markup import escape
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Label, Markdown, Static
+from textual.widgets import Button, DataTable, Label, Markdown, Static
 
 from cairn.persistence.events import (
     TOOL_OUTCOME_UNKNOWN,
@@ -46,6 +46,7 @@ from cairn.persistence.events import (
 )
 from cairn.persistence.evidence import evidence_by_call
 from cairn.persistence.repair import recovered_calls
+from cairn.widgets.quiet_footer import QuietFooter
 from cairn.widgets.terminal_text import safe_text
 
 from ..agent.previews import preview_parts, render_parts
@@ -214,7 +215,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             with VerticalScroll(id="detail"):
                 yield Static("", id="told")
             yield Button(r"Continue to the chat \[c]", id="continue", variant="primary", compact=True)
-        yield Footer()
+        yield QuietFooter()
 
     def on_mount(self) -> None:
         self._fill_table()

@@ -12,9 +12,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label, Static
+from textual.widgets import DataTable, Label, Static
 
 from ..render import first_line, format_time, human_size
+from cairn.widgets.quiet_footer import QuietFooter
 from cairn.widgets.terminal_text import safe_text
 from .confirm import ConfirmDialog
 from cairn.persistence.store import SessionStore, SessionSummary
@@ -54,7 +55,7 @@ class SessionsScreen(Screen[SessionChoice | None]):
             yield DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
             yield Static("enter: open or resume · n: new session · i: inspect read-only · x/del: delete · esc: back",
                          id="hint")
-        yield Footer()
+        yield QuietFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
