@@ -4,8 +4,9 @@ wasted (and billed) turn."""
 
 from __future__ import annotations
 
-import msgspec
 from typing import Any
+
+import msgspec
 
 
 class SlashCommand(msgspec.Struct, frozen=True):

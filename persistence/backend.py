@@ -8,8 +8,9 @@ store around it, identically for every backend.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-import msgspec
 from typing import Any
+
+import msgspec
 
 from .events import AnyEvent, SessionHeader
 

@@ -25,8 +25,9 @@ import re
 import threading
 import zlib
 from bisect import bisect_right
-import msgspec
 from operator import itemgetter
+
+import msgspec
 
 from .backend import EncodedEvent
 from .errors import CorruptLog

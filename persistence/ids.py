@@ -27,4 +27,5 @@ def valid_session_id(session_id: str) -> bool:
 
 def new_session_id() -> str:
     """Sortable by creation time, unique enough across processes: 20261202-155200-3fa9c1."""
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + os.urandom(3).hex()  # (secrets.token_hex, without importing hmac and hashlib)
+    # os.urandom(3).hex() is what secrets.token_hex(3) returns, without importing hmac (start-up, P8)
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + os.urandom(3).hex()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-import msgspec
 from pathlib import Path
+
+import msgspec
 
 from .backend import Backend, EncodedEvent, Writer
 from .errors import (

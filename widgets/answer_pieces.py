@@ -9,8 +9,9 @@ table cut between rows keeps one set of column widths (`TableLook`) and one head
 from __future__ import annotations
 
 import re
-import msgspec
 from typing import Iterable
+
+import msgspec
 
 LIVE_LIMIT = 1000  # characters in the live piece before its finished part is sealed
 # A paragraph is cut between its lines only past this length: each piece is its own paragraph, so a cut inside one ends

@@ -8,7 +8,6 @@ Token usage is what the provider reported on `assistant/message.usage`: input (â
 from __future__ import annotations
 
 import msgspec
-
 from textual.reactive import reactive
 from textual.widgets import Static
 

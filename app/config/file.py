@@ -22,9 +22,10 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import msgspec
 from pathlib import Path
 from typing import Any, Callable
+
+import msgspec
 
 from .checks import ConfigError, check_base_url
 

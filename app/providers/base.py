@@ -4,8 +4,9 @@ tool calls. Providers never see the session; the loop records what they produce.
 
 from __future__ import annotations
 
-import msgspec
 from typing import Any, AsyncIterator, Protocol
+
+import msgspec
 
 from cairn.persistence.events import Usage
 
