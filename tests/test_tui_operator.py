@@ -208,20 +208,25 @@ def listing_turn(tmp_path):
     return world
 
 
-@pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
-def test_a_turn_with_output_expanded_by_keyboard_picture(snap_compare, tmp_path, size):
+async def run_listing_turn(pilot, app) -> ToolCard:
+    """Send the listing prompt, allow its command once, and return its card once the turn has ended."""
     from tui_helpers import ended_turns
 
+    app.chat.query_one(PromptInput).insert("list them")
+    await pilot.press("enter")
+    await approval_ready(pilot, app)
+    await pilot.press("a")
+    await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
+    return await wait_for(pilot, lambda: app.chat.query(ToolCard) and app.chat.query_one(ToolCard), "card")
+
+
+@pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
+def test_a_turn_with_output_expanded_by_keyboard_picture(snap_compare, tmp_path, size):
     world = listing_turn(tmp_path)
     app = world.new_app()
 
     async def expanded(pilot) -> None:
-        app.chat.query_one(PromptInput).insert("list them")
-        await pilot.press("enter")
-        await approval_ready(pilot, app)
-        await pilot.press("a")
-        await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
-        card = await wait_for(pilot, lambda: app.chat.query(ToolCard) and app.chat.query_one(ToolCard), "card")
+        card = await run_listing_turn(pilot, app)
         await wait_for(pilot, lambda: card.status == "done" and card.has_output, "the result")
         for _ in range(6):  # Shift+Tab from the prompt walks back to the card
             if app.focused is card:
@@ -247,17 +252,11 @@ async def test_a_click_on_the_folded_output_line_opens_it_and_the_card_stays_the
     from textual.widgets._collapsible import CollapsibleTitle
 
     from cairn.widgets.tool_card import OutputFold
-    from tui_helpers import ended_turns
 
     world = listing_turn(tmp_path)
     app = world.new_app()
     async with app.run_test(size=(100, 30)) as pilot:
-        app.chat.query_one(PromptInput).insert("list them")
-        await pilot.press("enter")
-        await approval_ready(pilot, app)
-        await pilot.press("a")
-        await wait_for(pilot, lambda: ended_turns(app.session.events), "the turn to end")
-        card = await wait_for(pilot, lambda: app.chat.query(ToolCard) and app.chat.query_one(ToolCard), "card")
+        card = await run_listing_turn(pilot, app)
         fold = card.query_one(OutputFold)
 
         def fold_on_screen() -> bool:
