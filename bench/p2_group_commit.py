@@ -23,6 +23,7 @@ the headline; SQLite is reported as an extra key.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 from collections import Counter
@@ -52,7 +53,8 @@ def tool_call(round_no: int, k: int) -> ToolCall:
 
 class Gate:
     def __init__(self, late: int) -> None:
-        self.in_thread = anyio.Event()  # set (from the worker thread) once the first write is in flight
+        self.loop = asyncio.get_running_loop()
+        self.in_thread = anyio.Event()  # set (from the writer's thread, via the loop) once the first write is in flight
         self.all_arrived = threading.Event()
         self.late = late
         self.arrived = 0
@@ -71,7 +73,7 @@ class GatedWriter(Writer):
         gate = self.gate
         if gate is not None and durable:
             self.gate = None
-            anyio.from_thread.run_sync(gate.in_thread.set)
+            gate.loop.call_soon_threadsafe(gate.in_thread.set)
             if not gate.all_arrived.wait(timeout=5):
                 raise RuntimeError("late callers never arrived")
         return self.inner.append(batch, durable)

@@ -6,8 +6,9 @@ it writes everything queued and fdatasyncs. Concurrent `flush()` callers join th
 parallel barriers cost one or two fsyncs. A failed write keeps every non-durable event queued, in order, and the next
 write re-sends them all from the last durable point; nothing is dropped.
 
-Blocking I/O runs in a worker thread (anyio) inside a shielded scope: a barrier that has started always finishes, and
-its caller sees cancellation only after the log is in a known state.
+Blocking I/O runs on the event loop while it is quick (INLINE_IO_BUDGET), otherwise in the coordinator's own thread
+(writer_thread), inside a shielded scope: a barrier that has started always finishes, and its caller sees cancellation
+only after the log is in a known state.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .events import (
     event_decoder,
 )
 from .sanitize import MIN_SECRET_CHARS, REDACTED, clean_struct
+from .writer_thread import WriterThread
 
 DEFAULT_WINDOW = 0.02  # seconds; SPEC §1 allows at most 50 ms
 
@@ -45,6 +47,11 @@ DEFAULT_WINDOW = 0.02  # seconds; SPEC §1 allows at most 50 ms
 # calls get slower (a busy or slow disk) they move to a worker thread, so the event loop (and the TUI) never stalls
 # for longer than about this.
 INLINE_IO_BUDGET = 0.001
+# A call that must not run on the event loop (a network round trip) goes to the coordinator's thread; while such calls
+# have recently been quick, the event loop waits for the answer synchronously for up to this long, then awaits it. On a
+# fast local server the answer is there well before, and comes back without a trip through the event loop (P1 on
+# PostgreSQL); a slow or stuck server stalls the loop no longer than this.
+BLOCKING_WAIT = 0.002
 
 FREE_FORM = frozenset({RequestHeader, ToolCall, AssistantMessage, IgnorableEvent})
 CHUNKS = frozenset({AssistantChunk, ReasoningChunk})  # the hot path: one text field, type-checked without a decode
@@ -70,6 +77,20 @@ class _Flush:
         self.error: BaseException | None = None
 
 
+async def _outlast(settled: "asyncio.Future[None]") -> asyncio.CancelledError | None:
+    """Wait for a backend call that has started, even through a cancellation of the waiting task (an asyncio
+    `task.cancel()`, which anyio's shielded scope does not stop): the call goes on in its thread either way, and the
+    coordinator must learn how it ended before the next write, or it would send the same events twice. Returns the
+    cancellation, for the caller to raise once it has recorded the outcome."""
+    cancelled = None
+    while not settled.done():
+        try:
+            await asyncio.shield(settled)
+        except asyncio.CancelledError as e:
+            cancelled = e
+    return cancelled
+
+
 def now_ms() -> int:
     return _time.time_ns() // 1_000_000
 
@@ -91,6 +112,7 @@ class Coordinator:
         self._armed = False  # write-behind has been woken and will pick up whatever is appended meanwhile
         self._io_cost = 0.0  # smoothed seconds per backend call: decides inline vs worker thread
         self._inflight: _Flush | None = None
+        self._thread: WriterThread | None = None  # made at the first call that must not run on the event loop
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self.closed = False
@@ -237,6 +259,8 @@ class Coordinator:
                 with anyio.CancelScope(shield=True):
                     await self._task
                 self._task = None
+            if self._thread is not None:
+                self._thread.stop()
             self._writer.close()
 
     def close_now(self) -> None:
@@ -286,12 +310,22 @@ class Coordinator:
                 batch = self._pending[self._written :]
                 if not batch and (not durable or not self._pending):
                     return
+                if self._thread is None:
+                    self._thread = WriterThread()
+                call = self._thread.submit(self._timed_append, batch, durable)
+                cancelled = None
+                if not (self._io_cost < INLINE_IO_BUDGET and call.wait(BLOCKING_WAIT)):
+                    cancelled = await _outlast(self._thread.settled(call))
                 try:
-                    n = await anyio.to_thread.run_sync(self._timed_append, batch, durable)
+                    n = call.result()
                 except BaseException as e:
                     self._failed(e)
+                    if cancelled is not None:
+                        raise cancelled from e
                     raise
                 self._written_ok(len(batch), n, durable)
+                if cancelled is not None:
+                    raise cancelled
 
     def _write_now(self, durable: bool) -> None:
         """The whole write on the event loop, with no await: nothing can interleave with it."""

@@ -7,6 +7,7 @@ count real fdatasyncs, hold a barrier inside its I/O (a gate), or make the next 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import sqlite3
 import threading
@@ -313,6 +314,31 @@ async def test_cancelled_barrier_callers_leave_a_consistent_log(tmp_path, backen
 
     assert stored(store) == [encode_event(e) for e in first + more]
     assert [e.seq for e in live.events] == list(range(5))
+
+
+async def test_natively_cancelled_barrier_still_records_its_write(tmp_path, backend_name):
+    """An asyncio `task.cancel()` (what cancels a Textual worker) reaches the task even inside the barrier's shielded
+    scope. The write goes on in its thread regardless; the coordinator waits for it and records it before the
+    cancellation goes through, so the next write does not send the same events a second time."""
+    store, seam = make_store(tmp_path, backend_name)
+    async with LiveSession(store.create("/w", "s"), window=LONG) as live:
+        first = [live.append(e) for e in chunks(3)]
+        seam.hold = True
+        task = asyncio.get_running_loop().create_task(live.flush())
+        await anyio.to_thread.run_sync(seam.entered.wait, 20)
+        task.cancel()
+        await anyio.sleep(0.05)
+        assert not task.done()  # it waits for the write in flight instead of leaving it behind
+        seam.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        assert live.coordinator.durable_seq == first[-1].seq
+        assert live.coordinator.queued == 0 and live.coordinator.stats.failures == 0
+        more = [live.append(e) for e in chunks(2, start=3)]
+        await live.flush()
+
+    assert stored(store) == [encode_event(e) for e in first + more]
 
 
 async def test_close_now_drains_synchronously_and_releases_the_lock(tmp_path, backend_name):
