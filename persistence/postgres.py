@@ -5,9 +5,10 @@ refused like a newer file format): `sessions` (id, cwd, created, updated, header
 time, type, body), primary key (session_id, seq). `body` is the exact JSON line the JSONL backend writes, `header` the
 exact JSONL header line, so a log reads back byte for byte whatever backend wrote it.
 
-Durability: a write-behind batch commits with `SET LOCAL synchronous_commit = off` (the server acknowledges before its
-WAL reaches the disk); a barrier commits at the server's own level but never below `on` (a server set to `off` is raised
-to `on`; `remote_write`/`remote_apply` on a replicated server are kept). WAL is sequential, so a durable commit also
+Durability: a write-behind batch commits with `synchronous_commit = off` (the server acknowledges before its WAL
+reaches the disk); a barrier commits at the server's own level but never below `on` (a server set to `off` is raised to
+`on`; `remote_write`/`remote_apply` on a replicated server are kept). The writer sets the level on its connection in the
+write's own transaction, only when it differs from what that connection last committed with. WAL is sequential, so a durable commit also
 makes every earlier asynchronous commit durable: the policy's barriers keep exactly their meaning.
 
 Lock: `pg_try_advisory_lock` on a connection of its own, held for the session's life; the server drops it when that
@@ -127,9 +128,13 @@ _HOLDS_LOCK = """EXISTS (
 _STAMP = f"""UPDATE sessions SET updated = GREATEST(updated, %(t)s)
     WHERE id = %(id)s AND writer = %(token)s AND {_HOLDS_LOCK}"""
 
-_INSERT = """INSERT INTO events (session_id, seq, time, type, body)
+# The batch goes in only if the stamp found this writer (the CTE), so the whole write is one statement and the COMMIT
+# can go in the same round trip: a refused write commits nothing, and says so by inserting no row.
+_INSERT = f"""WITH stamped AS ({_STAMP} RETURNING 1)
+    INSERT INTO events (session_id, seq, time, type, body)
     SELECT %(id)s, u.s, u.t, u.y, u.b
     FROM unnest(%(seqs)s::bigint[], %(times)s::bigint[], %(types)s::text[], %(bodies)s::bytea[]) AS u(s, t, y, b)
+    WHERE EXISTS (SELECT 1 FROM stamped)
     ON CONFLICT (session_id, seq) DO UPDATE SET time = excluded.time, type = excluded.type, body = excluded.body"""
 
 _HOLDER = """SELECT a.application_name FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
@@ -240,6 +245,7 @@ class PostgresWriter(Writer):
         self._lock_conn: Any | None = lock_conn
         self._key = _key_parts(backend.lock_key(session_id))
         self._durable_level = backend.durable_level(conn)
+        self._level: str | None = None  # the data connection's synchronous_commit, as this writer last committed it
         self.check = RunningCheck()  # open_writer continues it from the loaded log
 
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:
@@ -265,32 +271,30 @@ class PostgresWriter(Writer):
                 delay = min(delay * 2, RECONNECT_MAX_DELAY)
 
     def _write(self, batch: list[EncodedEvent], durable: bool) -> bool:
-        """One transaction: check writer + lock and stamp `updated`, insert the batch, commit (durably or not).
-        False when this process is not (or no longer) the writer; nothing was committed then."""
+        """One transaction in one round trip: check writer + lock and stamp `updated`, insert the batch, commit (durably
+        or not). False when this process is not (or no longer) the writer; nothing was changed then."""
         backend = self._backend
         batch, at = self.check.stamp(batch, durable)
         try:
-            conn = self._conn
-            if conn is None or conn.closed:
-                conn = self._conn = backend.connect("write")
+            conn = self._data_connection()
             columns = [event_columns(data) for _, data in batch]
             params = {
                 "id": self._id, "token": self._token, "lock_pid": self._lock_pid(),
                 "t": max((t for _, t in columns), default=0), **self._key,
             }
-            with conn.pipeline():
+            if batch:
+                params.update(seqs=[seq for seq, _ in batch], times=[t for _, t in columns],
+                              types=[kind for kind, _ in columns], bodies=[data for _, data in batch])
+            level = self._durable_level if durable else "off"
+            with conn.pipeline():  # one round trip
                 conn.execute("BEGIN")
-                conn.execute(f"SET LOCAL synchronous_commit = {self._durable_level if durable else 'off'}")
-                stamp = conn.execute(_STAMP, params)
-                if batch:
-                    conn.execute(_INSERT, {
-                        "id": self._id, "seqs": [seq for seq, _ in batch], "times": [t for _, t in columns],
-                        "types": [kind for kind, _ in columns], "bodies": [data for _, data in batch],
-                    })
-            if stamp.rowcount != 1:
-                conn.execute("ROLLBACK")
-                return False
-            conn.execute("COMMIT")
+                if level != self._level:  # a session-level SET, sent only when it changes; it lasts once committed
+                    conn.execute(f"SET synchronous_commit = {level}")
+                written = conn.execute(_INSERT if batch else _STAMP, params)
+                conn.execute("COMMIT")
+            self._level = level
+            if written.rowcount != max(len(batch), 1):
+                return False  # not (or no longer) the writer: what was committed changed nothing
             self.check.advance(at)
             return True
         except psycopg.Error as e:
@@ -321,16 +325,21 @@ class PostgresWriter(Writer):
 
     def _current_writer(self) -> str | None:
         try:
-            conn = self._conn
-            if conn is None or conn.closed:
-                conn = self._conn = self._backend.connect("write")
-            row = conn.execute("SELECT writer FROM sessions WHERE id = %s", (self._id,)).fetchone()
+            row = self._data_connection().execute("SELECT writer FROM sessions WHERE id = %s", (self._id,)).fetchone()
         except psycopg.Error as e:
             self._drop_data_connection()
             raise self._backend.translate(e, f"check the writer of session {self._id!r} in") from None
         return row[0] if row else None
 
+    def _data_connection(self) -> Any:
+        """The writer's connection; a new one (with the server's own settings) when it is gone."""
+        if self._conn is None or self._conn.closed:
+            self._conn = self._backend.connect("write")
+            self._level = None
+        return self._conn
+
     def _drop_data_connection(self) -> None:
+        self._level = None
         if self._conn is not None:
             _close_quietly(self._conn)
             self._conn = None

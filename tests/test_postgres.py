@@ -8,6 +8,7 @@ made to produce the case on demand.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,10 +18,11 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 from urllib.parse import quote
 
 import anyio
+import psycopg
 import pytest
 from crash_harness import CAIRN
 from pg_helpers import connect_to, fresh_schema, private_server, schema_url
@@ -227,27 +229,36 @@ async def test_a_writer_whose_session_was_taken_over_never_writes_again(tmp_path
 # -- faults in the middle of a barrier ---------------------------------------------------------------------------------
 
 
+@contextmanager
+def session_row_held(url: str) -> Iterator[tuple[psycopg.Connection, psycopg.Connection, Callable[[], list[int]]]]:
+    """Session 's''s row locked by another transaction, so a barrier's transaction waits on it. Yields that
+    transaction's connection, an admin connection, and a function listing this process's connections waiting on a
+    lock."""
+    app_name = f"cairn {os.uname().nodename} {os.getpid()}"
+    with connect_to(url) as blocker, connect_to(url) as admin:
+        blocker.execute("BEGIN")
+        blocker.execute("SELECT 1 FROM sessions WHERE id = 's' FOR UPDATE")
+
+        def waiting_pids() -> list[int]:
+            return [pid for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                (app_name,)).fetchall()]
+
+        yield blocker, admin, waiting_pids
+
+
 async def test_connection_killed_mid_barrier_is_reconnected_and_the_barrier_writes_everything_once(tmp_path, pg):
     """The barrier's transaction is held up by a row lock, then its connection is terminated by the server: nothing
     half-written is visible, the writer reconnects (SPEC §5 rev 3: a lost connection is retried, not abandoned) and,
     once the row is free, the same barrier writes the events, contiguous, once."""
     schema, url = pg
     store = store_on(tmp_path / "a", url)
-    app_name = f"cairn {os.uname().nodename} {os.getpid()}"
     async with LiveSession(store.create("/w", "s"), window=QUIET) as live:
         live.append(TurnStart(turn=1))
         await live.flush()
-        with connect_to(url) as blocker, connect_to(url) as admin:
-            blocker.execute("BEGIN")
-            blocker.execute("SELECT 1 FROM sessions WHERE id = 's' FOR UPDATE")
+        with session_row_held(url) as (blocker, admin, waiting_pids):
             live.append(StepStart(turn=1, step=1))
             live.append(UserMessage(turn=1, step=1, text="precious"))
-
-            def waiting_pids() -> list[int]:
-                return [pid for (pid,) in admin.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
-                    (app_name,)).fetchall()]
-
             async with anyio.create_task_group() as tg:
                 tg.start_soon(live.flush)
                 (first,) = await poll(waiting_pids, "the barrier to wait on the row lock")
@@ -258,6 +269,31 @@ async def test_connection_killed_mid_barrier_is_reconnected_and_the_barrier_writ
         assert live.coordinator.queued == 0
     assert stored_types(url, "s") == ["turn/start", "step/start", "user/message"]
     assert [e.seq for e in store.inspect("s").events] == [0, 1, 2]
+
+
+async def test_a_natively_cancelled_barrier_waits_for_its_commit_and_records_it(tmp_path, pg):
+    """The barrier's transaction waits on a row lock when its task gets an asyncio `task.cancel()`: the task waits
+    for the commit still in flight in the writer's thread, records it, and only then ends cancelled; the session goes
+    on writing, each event once."""
+    schema, url = pg
+    store = store_on(tmp_path / "a", url)
+    async with LiveSession(store.create("/w", "s"), window=QUIET) as live:
+        live.append(TurnStart(turn=1))
+        await live.flush()
+        with session_row_held(url) as (blocker, _admin, waiting_pids):
+            live.append(StepStart(turn=1, step=1))
+            task = asyncio.get_running_loop().create_task(live.flush())
+            await poll(waiting_pids, "the barrier to wait on the row lock")
+            task.cancel()
+            await anyio.sleep(0.05)
+            assert not task.done()
+            blocker.execute("ROLLBACK")
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert live.coordinator.durable_seq == 1 and live.coordinator.queued == 0
+        live.append(UserMessage(turn=1, step=1, text="after"))
+        await live.flush()
+    assert stored_types(url, "s") == ["turn/start", "step/start", "user/message"]
 
 
 async def test_unreachable_server_is_one_line_without_credentials(tmp_path, pg):
@@ -323,6 +359,48 @@ async def test_a_barrier_is_durable_even_when_the_server_default_is_asynchronous
         assert backend.durable_level(conn) == "remote_apply"  # a replicated server's stronger level is kept
     finally:
         conn.close()
+
+
+async def test_each_commit_runs_at_the_level_its_write_asks_for(tmp_path, pg):
+    """On a server whose default is `synchronous_commit = off`, write-behind commits asynchronously and every barrier
+    durably, whatever the order, also on the new connection made after the old one died. The level is read off the
+    server in the writer's own transaction, just before each COMMIT (the writer sends it only when it changes, so a
+    new connection must not be taken for one that already has it)."""
+    schema, url = pg
+    async_url = url.split("?")[0] + "?options=" + quote(f"-csearch_path={schema} -csynchronous_commit=off")
+    seen: list[str] = []  # the server's synchronous_commit at each of the writer's commits
+    writers: list[psycopg.Connection] = []
+
+    class Observed(psycopg.Connection):
+        def execute(self, query, *args, **kwargs):
+            if query == "COMMIT" and self._pipeline is not None:
+                level = super().execute("SHOW synchronous_commit")
+                self._pipeline.sync()
+                seen.append(level.fetchone()[0])
+            return super().execute(query, *args, **kwargs)
+
+    def connect(conn_url, role, **kwargs):
+        if role != "write":
+            return psycopg.connect(conn_url, **kwargs)
+        writers.append(Observed.connect(conn_url, **kwargs))
+        return writers[-1]
+
+    store = SessionStore(tmp_path / "a", PostgresBackend(async_url, connect=connect))
+    async with LiveSession(store.create("/w", "s"), window=QUIET) as live:
+        expected = []
+        for durable in (True, False, False, True, True, False, True):
+            if len(expected) == 4:  # after a barrier, the writer's connection dies: the next barrier makes a new one
+                with connect_to(url) as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (writers[-1].info.backend_pid,))
+            live.append(StepStart(turn=1, step=len(expected)))
+            if durable:
+                await live.flush()
+            else:
+                await live.coordinator._write(durable=False)  # what write-behind does once its window is over
+            expected.append("on" if durable else "off")
+        assert seen[-len(expected):] == expected
+        assert len(writers) >= 2  # the last writes went over a new connection
+    assert len(stored_types(url, "s")) == len(expected)
 
 
 # -- a server of the test's own: restarted, or out of disk -------------------------------------------------------------
