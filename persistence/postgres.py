@@ -118,11 +118,12 @@ DDL = (
     "ALTER TABLE events ALTER COLUMN body SET STORAGE EXTERNAL",
 )
 
+# The database's oid is a parameter, read once per writer (`database_oid`), not looked up in pg_database at every
+# write (5-10 us a write, P1 on PostgreSQL in docs/benchmarks.md).
 _HOLDS_LOCK = """EXISTS (
     SELECT 1 FROM pg_locks
     WHERE locktype = 'advisory' AND granted AND pid = %(lock_pid)s AND objsubid = 1
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND classid::bigint = %(hi)s AND objid::bigint = %(lo)s)"""
+      AND database = %(db)s::oid AND classid::bigint = %(hi)s AND objid::bigint = %(lo)s)"""
 
 # The writer's check and its `updated` stamp in one statement: 0 rows means "not (or no longer) the writer".
 _STAMP = f"""UPDATE sessions SET updated = GREATEST(updated, %(t)s)
@@ -243,7 +244,7 @@ class PostgresWriter(Writer):
         self._token = token
         self._conn: Any | None = conn
         self._lock_conn: Any | None = lock_conn
-        self._key = _key_parts(backend.lock_key(session_id))
+        self._key = {**_key_parts(backend.lock_key(session_id)), "db": backend.database_oid(conn)}
         self._durable_level = backend.durable_level(conn)
         self._level: str | None = None  # the data connection's synchronous_commit, as this writer last committed it
         self.check = RunningCheck()  # open_writer continues it from the loaded log
@@ -489,6 +490,13 @@ class PostgresBackend(Backend):
         except psycopg.Error as e:
             raise self.translate(e, "read the settings of") from None
         return level if level in ("on", "remote_write", "remote_apply") else "on"
+
+    def database_oid(self, conn: Any) -> int:
+        """The oid of the connection's database, which pg_locks names the database by."""
+        try:
+            return conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+        except psycopg.Error as e:
+            raise self.translate(e, "read the settings of") from None
 
     def lock_key(self, session_id: str) -> int:
         return lock_key(self._schema_name or "", session_id)
