@@ -35,8 +35,8 @@ from cairn.persistence.errors import (
     StoreUnavailable,
     UnsupportedFormat,
 )
-from cairn.persistence.events import StepEnd, StepStart, TurnEnd, TurnStart, UserMessage
-from cairn.persistence.postgres import PostgresBackend, lock_key
+from cairn.persistence.events import AssistantChunk, StepEnd, StepStart, TurnEnd, TurnStart, UserMessage, encode_event
+from cairn.persistence.postgres import VALUES_ROWS, PostgresBackend, lock_key
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import SessionStore
 
@@ -224,6 +224,24 @@ async def test_a_writer_whose_session_was_taken_over_never_writes_again(tmp_path
                 assert "taken over by another writer" in str(info.value)
     assert isinstance(closing.value.cause, StaleWriter)
     assert stored_types(url, "s") == ["turn/start", "turn/end", "turn/start"]  # A: 1, repair by B: 1, B: 1
+
+
+async def test_batches_of_every_size_store_each_event_exactly(tmp_path, pg):
+    """A barrier's few events are sent as VALUES, a larger batch as arrays (VALUES_ROWS): either way each event's
+    exact line is stored, with its seq, time and type in their columns."""
+    schema, url = pg
+    store = store_on(tmp_path / "a", url)
+    sizes = [1, 2, VALUES_ROWS, VALUES_ROWS + 1, 3 * VALUES_ROWS]
+    appended = []
+    async with LiveSession(store.create("/w", "s"), window=QUIET) as live:
+        for n in sizes:
+            appended += [live.append(AssistantChunk(turn=1, step=1, delta=f"{n}/{k} ✓ \u2028 '\"")) for k in range(n)]
+            await live.flush()
+        assert live.coordinator.stats.writes == len(sizes)  # each batch in one write
+    assert [encode_event(e) for e in store.backend.load("s").events] == [encode_event(e) for e in appended]
+    with connect_to(url) as conn:
+        columns = conn.execute("SELECT seq, time, type FROM events WHERE session_id = 's' ORDER BY seq").fetchall()
+    assert columns == [(e.seq, e.time, "assistant/chunk") for e in appended]
 
 
 # -- faults in the middle of a barrier ---------------------------------------------------------------------------------
