@@ -47,10 +47,11 @@ DEFAULT_WINDOW = 0.02  # seconds; SPEC §1 allows at most 50 ms
 # calls get slower (a busy or slow disk) they move to a worker thread, so the event loop (and the TUI) never stalls
 # for longer than about this.
 INLINE_IO_BUDGET = 0.001
-# A call that must not run on the event loop (a network round trip) goes to the coordinator's thread; while such calls
-# have recently been quick, the event loop waits for the answer synchronously for up to this long, then awaits it. On a
-# fast local server the answer is there well before, and comes back without a trip through the event loop (P1 on
-# PostgreSQL); a slow or stuck server stalls the loop no longer than this.
+# A call that must not run on the event loop (a network round trip) goes to the coordinator's thread. For a barrier,
+# whose caller waits for it anyway, and while such calls have recently been quick, the event loop waits for the answer
+# synchronously for up to this long, then awaits it. On a fast local server the answer is there well before, and comes
+# back without a trip through the event loop (P1 on PostgreSQL); a slow or stuck server stalls the loop no longer than
+# this. Write-behind, which nobody waits for, always awaits: it never holds the loop while an answer streams.
 BLOCKING_WAIT = 0.002
 
 FREE_FORM = frozenset({RequestHeader, ToolCall, AssistantMessage, IgnorableEvent})
@@ -314,7 +315,7 @@ class Coordinator:
                     self._thread = WriterThread()
                 call = self._thread.submit(self._timed_append, batch, durable)
                 cancelled = None
-                if not (self._io_cost < INLINE_IO_BUDGET and call.wait(BLOCKING_WAIT)):
+                if not (durable and self._io_cost < INLINE_IO_BUDGET and call.wait(BLOCKING_WAIT)):
                     cancelled = await _outlast(self._thread.settled(call))
                 try:
                     n = call.result()
