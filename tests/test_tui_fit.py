@@ -10,7 +10,16 @@ and where the view is.
 from __future__ import annotations
 
 import pytest
-from tui_helpers import completed_turn, crashed_turn, ended_turns, make_world, top_screen, wait_for, write_log
+from tui_helpers import (
+    completed_turn,
+    crashed_turn,
+    ended_turns,
+    make_world,
+    screen_text,
+    top_screen,
+    wait_for,
+    write_log,
+)
 
 from cairn.persistence.events import AssistantChunk
 from cairn.widgets.answer_pieces import LIVE_LIMIT, Sealer, pieces_of
@@ -287,11 +296,6 @@ def fit_snapshot(snap_compare, app, size, run_before) -> bool:
         return snap_compare(app, run_before=prepare, terminal_size=size)
     finally:
         app.close_if_still_open()
-
-
-def screen_text(app) -> str:
-    """Every line on screen as plain text, as the terminal would show it."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 def in_workspace(world, path: str = "/tmp/cairn-fit-workspace"):

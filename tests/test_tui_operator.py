@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tui_helpers import approval_ready, completed_turn, make_world, top_screen, wait_for, write_log
+from tui_helpers import approval_ready, completed_turn, make_world, screen_text, top_screen, wait_for, write_log
 
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.tool_card import ToolCard
@@ -30,11 +30,6 @@ pytestmark = pytest.mark.anyio
 SIZES = [(80, 24), (120, 32), (200, 50)]
 SIZE_IDS = [f"{w}x{h}" for w, h in SIZES]
 WORKSPACE = Path("/tmp/cairn-operator-workspace")
-
-
-def screen_text(app) -> str:
-    """Every line on screen as plain text, as the terminal would show it."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 def picture(snap_compare, app, size, run_before) -> bool:

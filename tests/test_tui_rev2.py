@@ -31,7 +31,7 @@ from cairn.widgets.reasoning import ReasoningBlock, ReasoningPiece
 from cairn.widgets.status_bar import StatusBar, TokenTotals, format_tokens, usage_text
 from cairn.widgets.tool_card import ToolCard
 from cairn.widgets.transcript import AssistantText, Notice, Transcript, UserPrompt
-from tui_helpers import SIZE, completed_turn, ended_turns, make_world, wait_for, write_log
+from tui_helpers import SIZE, completed_turn, ended_turns, make_world, screen_text, wait_for, write_log
 
 pytestmark = pytest.mark.anyio
 
@@ -95,11 +95,6 @@ def order(app: CairnApp, *widgets: Any) -> list[int]:
 
 def status(app: CairnApp) -> str:
     return str(app.chat.query_one(StatusBar).render())
-
-
-def screen_text(app: CairnApp) -> str:
-    """The screen as the compositor hands it to the driver: the characters the terminal is sent, line by line."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 # -- reasoning ----------------------------------------------------------------------------------------------------

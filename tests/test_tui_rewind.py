@@ -45,7 +45,7 @@ from cairn.persistence.events import (
 from cairn.persistence.session import LiveSession
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.transcript import Notice
-from tui_helpers import make_world, top_screen, wait_for, write_log
+from tui_helpers import make_world, screen_text, top_screen, wait_for, write_log
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
 SIZE = (120, 32)
@@ -313,10 +313,6 @@ def test_accept_evidence_key_records_a_durable_verdict(tmp_path):
 
 
 # -- pictures ---------------------------------------------------------------------------------------------------------
-
-
-def screen_text(app) -> str:
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
 def picture(snap_compare, app, size, run_before) -> bool:

@@ -21,7 +21,16 @@ from cairn.app.screens.sessions import SessionsScreen
 from cairn.app.tui import CairnApp
 from cairn.persistence.events import AssistantChunk, StepEnd, StepStart, TurnStart, UserMessage
 from cairn.persistence.locks import SessionLock
-from tui_helpers import approval_ready, completed_turn, crashed_turn, make_world, top_screen, wait_for, write_log
+from tui_helpers import (
+    approval_ready,
+    completed_turn,
+    crashed_turn,
+    make_world,
+    screen_text,
+    top_screen,
+    wait_for,
+    write_log,
+)
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.status_bar import StatusBar
 from cairn.widgets.tool_card import ToolCard
@@ -99,6 +108,9 @@ def test_step_with_reasoning_collapsed_above_its_answer_and_token_usage(snap_com
         await wait_for(pilot, lambda: "idle" in status(app) and "durable through seq 8" in status(app), "idle")
         block = app.chat.query_one(ReasoningBlock)
         assert block.collapsed and not block.streaming
+        # the screen shows the whole final title (on a busy loop it once stayed cut short, at the width the title
+        # had as "thinking… 0 chars")
+        await wait_for(pilot, lambda: "▶ reasoning · 58 chars" in screen_text(app), "the final title on screen")
 
     assert snapshot(snap_compare, app, run_turn)
 

@@ -157,6 +157,11 @@ async def wait_for(pilot: Any, condition: Callable[[], Any], what: str, timeout:
         await asyncio.sleep(0.01)
 
 
+def screen_text(app: Any) -> str:
+    """Every line on screen as plain text, as the compositor hands it to the terminal (what a snapshot will show)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
 def top_screen(app: Any, kind: type) -> Any:
     """The app's top screen if it is a `kind` whose `on_mount` has run (a screen pushed during the app's own start-up
     is on top of the stack before it is mounted), else None."""

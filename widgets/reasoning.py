@@ -36,9 +36,12 @@ class ReasoningBlock(Collapsible):
 
     DEFAULT_CSS = """
     ReasoningBlock { background: transparent; border-top: none; padding: 0; margin: 0 0 0 1; color: $text-muted; }
-    ReasoningBlock > CollapsibleTitle { color: $text-muted; text-style: italic; padding: 0; }
+    ReasoningBlock > CollapsibleTitle { color: $text-muted; text-style: italic; padding: 0; width: 1fr; }
     ReasoningBlock > Contents { padding: 0 0 0 2; }
     """
+    # The title takes the whole line (1fr), not the width of its text. With `auto`, on a busy event loop, the title
+    # measured as "thinking… 0 chars" sometimes kept that width for good (19 cells while its text grew to 22): the
+    # layout its later titles asked for never came, and the final title stayed cut short on screen.
 
     def __init__(self, text: str = "", *, streaming: bool = False, note: str = "") -> None:
         self._tail = ReasoningPiece()
