@@ -254,7 +254,9 @@ def test_two_hosts_one_writer_and_a_session_resumed_on_the_other_after_the_first
                 os.kill(pid, signal.SIGKILL)
             assert child.wait(timeout=WAIT) == -signal.SIGKILL
             ip("netns", "del", a.netns)
-            assert ip("link", "show", f"cv{a.netns.split('-')[1]}a", check=False).returncode != 0
+            link = f"cv{a.netns.split('-')[1]}a"  # the kernel frees a deleted namespace, and its links, a moment later
+            wait_until(lambda: ip("link", "show", link, check=False).returncode != 0, "hostA's link to go with it",
+                       timeout=WAIT)
             wait_until(lambda: not holders_on(url, "hostA"), "the server to drop hostA's lock", timeout=WAIT)
         finally:
             if child.poll() is None:
