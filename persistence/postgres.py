@@ -8,8 +8,8 @@ exact JSONL header line, so a log reads back byte for byte whatever backend wrot
 Durability: a write-behind batch commits with `synchronous_commit = off` (the server acknowledges before its WAL
 reaches the disk); a barrier commits at the server's own level but never below `on` (a server set to `off` is raised to
 `on`; `remote_write`/`remote_apply` on a replicated server are kept). The writer sets the level on its connection in the
-write's own transaction, only when it differs from what that connection last committed with. WAL is sequential, so a durable commit also
-makes every earlier asynchronous commit durable: the policy's barriers keep exactly their meaning.
+write's own transaction, only when it differs from what that connection last committed with. WAL is sequential, so a
+durable commit also makes every earlier asynchronous commit durable: the policy's barriers keep exactly their meaning.
 
 Lock: `pg_try_advisory_lock` on a connection of its own, held for the session's life; the server drops it when that
 connection dies (a killed process, a lost machine), so a crashed session is never left locked. The connection's
