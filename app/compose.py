@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Callable
 
 from cairn.persistence.coordinator import DEFAULT_WINDOW
 from cairn.persistence.session import LiveSession
-from cairn.persistence.store import OpenedSession, SessionStore
+from cairn.persistence.store import OpenedSession, SessionStore, move_workspace
 
 from .agent import failpoints
 from .agent.approval import Approver, headless_approver
@@ -23,7 +23,15 @@ from .agent.compaction import configured_window
 from .agent.hooks import Hooks
 from .agent.loop import AgentLoop, TurnResult
 from .agent.policy import CheckpointPolicy
-from .config.resolver import Config, config_for_session, database_secrets, make_provider, provider_secrets
+from .config.resolver import (
+    RESUMED_WORKSPACE,
+    Config,
+    config_for_session,
+    database_secrets,
+    make_provider,
+    provider_secrets,
+    resumed_workspace,
+)
 from .providers.base import Provider
 from .tools.registry import ToolRegistry, builtin_tools
 
@@ -137,7 +145,7 @@ async def mount_agent(
         profile=getattr(config, "profile", None),
         text_form=getattr(config, "transcript", "messages") == "text",
         blobs=before_images(stack, config),
-        snapshots=workspace_snapshots(config, report, session_id=session.id),
+        snapshots=workspace_snapshots(config, report, session_id=session.id, holds_secret=session.holds_secret),
         report=report,
     )
     await stack.enter_async_context(loop)
@@ -145,7 +153,7 @@ async def mount_agent(
 
 
 def workspace_snapshots(config: Config, report: Callable[[str], None] | None, workspace: Path | None = None,
-                        session_id: str = "shared") -> Any:
+                        session_id: str = "shared", holds_secret: Callable[[bytes], bool] | None = None) -> Any:
     """The shadow git repository of `workspace` (default: the config's; SPEC §9 rev 3), or None when snapshots are off
     or git is missing (one line says so: rewind then restores only what the file tools changed)."""
     if getattr(config, "snapshots", "auto") == "off":
@@ -156,7 +164,7 @@ def workspace_snapshots(config: Config, report: Callable[[str], None] | None, wo
         if report is not None:
             report("git is not installed: no workspace snapshots, so rewind restores only what Cairn's file tools changed")
         return None
-    return ShadowRepo(Path(config.home), Path(workspace or config.workspace), session_id)
+    return ShadowRepo(Path(config.home), Path(workspace or config.workspace), session_id, holds_secret=holds_secret)
 
 
 def new_mcp_servers(config: Config, report: Callable[[str], None] | None) -> Any:
@@ -214,8 +222,10 @@ async def open_agent(
 ) -> AsyncIterator[Agent]:
     """Open (or resume) a session and mount the agent on it. A new session's provider is built, and a bad provider
     configuration fails, before anything is created. A resumed one (`resume`, or `opened` with history) continues with
-    the provider and model of its last request unless the config chose them explicitly; if that provider cannot be
-    built, a session this function opened is closed again before the error is raised.
+    the provider and model of its last request unless the config chose them explicitly, and in its own workspace
+    unless the config names one explicitly (then the move is recorded durably before the session goes live; `report`
+    says either); if that provider cannot be built or that workspace is gone, a session this function opened is
+    closed again before the error is raised.
 
     With `mcp_background` (`cairn run`), configured MCP servers start first, before the provider and the session, and
     nothing waits for them but the first request (see `mount_agent`)."""
@@ -233,7 +243,10 @@ async def open_agent(
             opened_here = opened is None
             if opened is None:
                 opened = open_session_files(config, session_id, resume)
+            resumed = bool(resume or opened.events)  # (a new session the caller created keeps its own cwd)
             try:
+                if resumed:
+                    config = resumed_workspace(config, opened.header, opened.events)
                 config = config_for_session(config, opened.events)
                 provider = make_provider(config)
             except BaseException:
@@ -241,6 +254,17 @@ async def open_agent(
                     close_unused(opened)
                 raise
             stack.push_async_callback(provider.aclose)
+            try:
+                moved = move_workspace(opened, config.workspace) if resumed else None
+            except BaseException:
+                if opened_here:
+                    close_unused(opened)
+                raise
+            if report is not None:
+                if moved is not None:
+                    report(f"session {opened.header.id} moved from {moved.from_} to {moved.to} (--workspace)")
+                elif config.sources.get("workspace") == RESUMED_WORKSPACE:
+                    report(f"session {opened.header.id} works in {config.workspace} (not the current directory)")
         session = LiveSession(opened, window=window)
         await stack.enter_async_context(session)
         yield await mount_agent(

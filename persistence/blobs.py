@@ -38,7 +38,9 @@ def names_needed(events: list[AnyEvent]) -> set[str]:
         if isinstance(e, ToolCall) and e.before_sha256:
             needed.add(e.before_sha256)
         elif isinstance(e, RewindPlan):
-            needed.update(f.restore_sha256 for f in e.files if f.restore_sha256)
+            # what a rewind restored, and what it replaced (an undo puts that back); git: ids live in the shadow repo
+            needed.update(x for f in e.files for x in (f.restore_sha256, f.expected_sha256)
+                          if x and not x.startswith("git:"))
     return needed
 
 

@@ -184,33 +184,66 @@ class RecoveryEvidence(Event, tag="recovery/evidence", kw_only=True):
 class ConversationRewind(Event, tag="conversation/rewind", kw_only=True):
     """(rev 3 §9, ignorable) The derived conversation continues from before turn `to_turn`; the log keeps everything
     (a reader that skips this sends the longer history). `files`: the paths a rewind restored with it, which the model
-    is told about in its next request."""
+    is told about in its next request. (rev 4 §10) `rewind_id`: the rewind it belongs to; `undo_of`: set on an undo,
+    the rewind whose conversation/rewind no longer applies (the conversation is derived as if it had not happened)."""
 
     to_turn: int
     files: list[str] = []
+    rewind_id: str | None = None
+    undo_of: str | None = None
     ignorable: bool = True
 
 
 class WorkspaceSnapshot(Event, tag="workspace/snapshot", kw_only=True):
     """(rev 3 §9, ignorable) The whole workspace as a tree in Cairn's shadow git repository: at a turn's start
     (`at: "turn-start"`), before a side-effecting command (`"command"`, with its `call_id`; durable before that call's
-    pre-tool barrier) and at a turn's end (`"turn-end"`). `left_out`: files over the size limit, not in the tree."""
+    pre-tool barrier) and at a turn's end (`"turn-end"`). `left_out`: files over the size limit, not in the tree.
+
+    rev 4 (§10): also around a rewind (`"rewind-start"`, `"rewind-end"`, with the rewind's id in `call_id`), so what a
+    rewind changed is told apart from what someone else changed; `left_out` also names files that hold a configured
+    secret; `manifest`: the id of a blob in the same shadow repository listing everything the tree left out and why
+    (ignored, over the size limit, nested repository, special file, holds a secret, unreadable) with type, size and
+    mtime — None on snapshots from before rev 4, which recorded no such list; `workspace`: the directory snapshotted."""
 
     turn: int
     at: str
     tree: str
     call_id: str | None = None
     left_out: list[str] = []
+    manifest: str | None = None
+    workspace: str | None = None
+    ignorable: bool = True
+
+
+class WorkspaceMoved(Event, tag="workspace/moved", kw_only=True):
+    """(rev 4 §10, ignorable) The session's workspace moved from `from_` to `to` (`cairn resume --workspace DIR`):
+    tools, snapshots and rewinds run in `to` from here on, and snapshots taken before the move never apply to it."""
+
+    from_: str = msgspec.field(name="from")
+    to: str
     ignorable: bool = True
 
 
 class RewindFile(msgspec.Struct, gc=False, kw_only=True):
     """One file of a rewind plan: what it goes back to (a before-image's sha256, or None: delete it), and what Cairn
-    last wrote there (None: it did not exist), so a change made outside Cairn is seen before anything is overwritten."""
+    last wrote there (None: it did not exist), so a change made outside Cairn is seen before anything is overwritten.
+
+    rev 4 (§10): content ids may also be `git:<blob id>` (a blob of the shadow repository); `restore_mode` /
+    `expected_mode` are git modes (`100644`, `100755`, `120000` for a symbolic link, restored as a link); the content
+    a path holds at plan time (`expected_*`) is kept before the first file is touched, so the rewind can be undone."""
 
     path: str
     restore_sha256: str | None
     expected_sha256: str | None
+    restore_mode: str | None = None
+    expected_mode: str | None = None
+
+
+class NotRestored(msgspec.Struct, gc=False, kw_only=True):
+    """(rev 4 §10) A path a rewind leaves alone, and why (left out of the snapshot then, changed outside Cairn, …)."""
+
+    path: str
+    reason: str
 
 
 class RewindPlan(Event, tag="rewind/plan", kw_only=True):
@@ -223,6 +256,12 @@ class RewindPlan(Event, tag="rewind/plan", kw_only=True):
     commands_in: list[int] = []  # turns that ran commands: their changes are not restored
     # a workspace snapshot rewind: the shadow repository's tree the workspace goes back to (None: file tools' images)
     tree: str | None = None
+    # rev 4 (§10): the rewind this one undoes (`cairn rewind --undo`), the workspace it acts on, the snapshot of the
+    # workspace taken just before it (what an undo puts back), and what it leaves alone, with reasons
+    undo_of: str | None = None
+    workspace: str | None = None
+    before_tree: str | None = None
+    not_restored: list[NotRestored] = []
     ignorable: bool = True
 
 
@@ -320,7 +359,7 @@ KnownEvent = (
     TurnStart | StepStart | UserMessage | RequestHeader | AssistantChunk | AssistantMessage | ApprovalAsked
     | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd | ReasoningChunk | RequestRetry
     | ToolProgress | ContextCompaction | SessionMode | RecoveryEvidence | ConversationRewind | RewindPlan | RewindStep
-    | RewindEnd | WorkspaceSnapshot
+    | RewindEnd | WorkspaceSnapshot | WorkspaceMoved
 )
 AnyEvent = KnownEvent | IgnorableEvent
 

@@ -68,7 +68,7 @@ from ..providers.base import ModelRequest, Provider, ProviderError, RawToolCall,
 from ..tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
 from ..tools.command import run_command
 from ..tools.files import Fingerprint, edit_file, fingerprint, write_file
-from .snapshots import MAX_FILE, ShadowRepo, Snapshot, SnapshotUnavailable
+from .snapshots import ShadowRepo, Snapshot, SnapshotUnavailable
 from ..tools.registry import ToolRegistry
 from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answer, headless_approver, needs_approval
 from .compaction import (
@@ -716,7 +716,7 @@ class AgentLoop:
             return
         if at == "command" and not self._touched and self._last_shot is not None and self._last_shot.turn == st.turn:
             # nothing with an effect ran since this turn's last snapshot: the command starts from that tree
-            shot = Snapshot(self._last_shot.tree)
+            shot = Snapshot(self._last_shot.tree, manifest=self._last_shot.manifest)
         else:
             try:
                 shot = await anyio.to_thread.run_sync(repo.snapshot)
@@ -725,11 +725,13 @@ class AgentLoop:
                 self.report(str(e))
                 return
         self._touched = False
-        self._last_shot = self.session.append(WorkspaceSnapshot(turn=st.turn, at=at, tree=shot.tree, call_id=call_id,
-                                              left_out=shot.left_out))
+        self._last_shot = self.session.append(WorkspaceSnapshot(
+            turn=st.turn, at=at, tree=shot.tree, call_id=call_id, left_out=[path for path, _ in shot.left_out],
+            manifest=shot.manifest, workspace=str(repo.workspace)))
         if shot.left_out:
-            shown = ", ".join(shot.left_out[:5]) + (f" and {len(shot.left_out) - 5} more" if len(shot.left_out) > 5 else "")
-            self.report(f"left out of workspace snapshots (over {MAX_FILE // (1024 * 1024)} MB, not restorable): {shown}")
+            shown = ", ".join(f"{path} ({why})" for path, why in shot.left_out[:5])
+            more = f" and {len(shot.left_out) - 5} more" if len(shot.left_out) > 5 else ""
+            self.report(f"left out of workspace snapshots (not restorable): {shown}{more}")
 
     async def _fingerprint(self, name: str, arguments: dict[str, Any]) -> Fingerprint | None:
         """A file tool's fingerprint, with its before-image stored durably — both before its `tool/call` is appended,

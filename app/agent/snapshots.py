@@ -1,15 +1,23 @@
-"""Workspace snapshots in a shadow git repository (SPEC §9 rev 3, "Workspace snapshots").
+"""Workspace snapshots in a shadow git repository (SPEC §9 rev 3, §10 rev 4).
 
-At each turn's start, before each side-effecting `run_command` and at each turn's end, Cairn records the whole workspace
-as a git tree (what `git add -A` would take, `.gitignore` honoured, files over the size limit left out and listed) in a
-repository of its own under `CAIRN_HOME/snapshots/` — its `GIT_DIR` and index outside the workspace, never the user's
-repository, config, hooks or credentials. A rewind then puts the workspace back to a turn's start tree, commands'
-changes included.
+At each turn's start, before each side-effecting `run_command`, at each turn's end and around each rewind, Cairn records
+the whole workspace as a git tree (what `git add -A` would take, `.gitignore` honoured) in a repository of its own under
+`CAIRN_HOME/snapshots/` — its `GIT_DIR` and index outside the workspace, never the user's repository, config, hooks or
+credentials.
+
+What a tree leaves out is recorded too (rev 4): a manifest blob in the same repository lists every path the snapshot did
+not take and why — ignored, over the size limit, a nested repository, a special file, holding a configured secret,
+unreadable — with its type, size and mtime. A rewind deletes a path only when a tree says it did not exist and the
+manifest does not say it was left out, so a file Cairn never held is never destroyed.
+
+The store obeys SPEC §5 like the log: git runs under umask 077 (directories 0700, files 0600 or stricter); a file over
+the size limit or holding a secret is never written into it (checked before it is added, not removed after); the
+objects of a snapshot are fsync'd, their directories too, before the snapshot returns, so the event naming its tree
+never reaches the disk before the tree does.
 
 Git is run with an environment built from nothing (PATH, a private HOME, no system or global config, no hooks, no
 credential helper, no signing, no prompts), so a user's git setup changes nothing and is changed by nothing. Every call
-has a time budget: a workspace too large to snapshot in it turns snapshots off for the session (the caller says so),
-never a hang.
+has a time budget: a workspace too large to snapshot in it turns snapshots off for the session (the caller says so).
 """
 
 from __future__ import annotations
@@ -18,34 +26,96 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
+import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+import msgspec
 
 MAX_FILE = 10 * 1024 * 1024  # bytes; larger files are left out of snapshots and listed
 DEFAULT_BUDGET = 10.0  # seconds a snapshot may take before snapshots are turned off for the session
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+# why a path is not in a snapshot's tree (the manifest's `reason`)
+IGNORED = "ignored by .gitignore"
+TOO_LARGE = "over the size limit"
+NESTED = "a nested repository"
+SPECIAL = "a special file"
+SECRET = "holds a configured secret"
+UNREADABLE = "unreadable"
+
+# git modes of the entries a tree holds
+REGULAR, EXECUTABLE, SYMLINK, GITLINK = "100644", "100755", "120000", "160000"
 
 
 class SnapshotUnavailable(Exception):
     """Snapshots cannot be taken here (no git, a git error, over the time budget); the message says which."""
 
 
+class LeftOut(msgspec.Struct, array_like=True, gc=False):
+    """One path a snapshot did not take: `path` (a directory ends in "/"), why, its type, size and mtime (ns)."""
+
+    path: str
+    reason: str
+    kind: str  # file, dir, link, special
+    size: int
+    mtime_ns: int
+
+
+_manifest_encoder = msgspec.json.Encoder()
+_manifest_decoder = msgspec.json.Decoder(list[LeftOut])
+
+
 @dataclass
 class Snapshot:
     tree: str
-    left_out: list[str] = field(default_factory=list)  # files over the size limit, not in the tree
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (path, reason): files the operator should hear of
+    manifest: str | None = None  # blob id of the full list of what the tree left out
 
 
 def git_path() -> str | None:
     return shutil.which("git")
 
 
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a blob of `data` (so a file on disk is compared with a tree without running git)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def state_of(path: Path) -> tuple[str, str] | None:
+    """(git mode, blob id) of what `path` holds now, never following a symbolic link; None when nothing is there.
+    Raises OSError for what a tree cannot hold (a directory, a special file, unreadable)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return SYMLINK, git_blob_id(os.fsencode(os.readlink(path)))
+    if not stat.S_ISREG(st.st_mode):
+        raise IsADirectoryError(f"{path.name} is a directory now") if stat.S_ISDIR(st.st_mode) else \
+            OSError(f"{path.name} is a special file now")
+    with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
+        data = f.read()
+    return (EXECUTABLE if st.st_mode & stat.S_IXUSR else REGULAR), git_blob_id(data)
+
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "link"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    return "file" if stat.S_ISREG(st.st_mode) else "special"
+
+
 class ShadowRepo:
     """The shadow repository of one workspace: `home/snapshots/<sha of the workspace path>.git`."""
 
     def __init__(self, home: Path, workspace: Path, session_id: str = "shared", budget: float = DEFAULT_BUDGET,
-                 max_file: int = MAX_FILE) -> None:
+                 max_file: int = MAX_FILE, holds_secret: Callable[[bytes], bool] | None = None) -> None:
         self.workspace = Path(workspace).resolve()
         key = hashlib.sha256(str(self.workspace).encode("utf-8", "surrogateescape")).hexdigest()[:20]
         self.git_dir = Path(home) / "snapshots" / f"{key}.git"
@@ -56,6 +126,10 @@ class ShadowRepo:
         self.budget, self.max_file = budget, max_file
         self.git = git_path()
         self._last_tree: str | None = None
+        self._last_manifest: str | None = None
+        self.holds_secret = holds_secret  # the session's check: such content is never stored (SPEC §5)
+        self._manifests: dict[str, list[LeftOut]] = {}
+        self._trees: dict[str, dict[str, tuple[str, str]]] = {}
 
     # -- running git ------------------------------------------------------------------------------------------------
 
@@ -69,41 +143,57 @@ class ShadowRepo:
             "GIT_COMMITTER_NAME": "cairn", "GIT_COMMITTER_EMAIL": "cairn@localhost",
         }
 
-    def run(self, *args: str, stdin: bytes | None = None, budget: float | None = None) -> bytes:
+    def _command(self, args: tuple[str, ...]) -> list[str]:
         if self.git is None:
             raise SnapshotUnavailable("git is not installed (not on PATH): rewind uses the file tools' before-images only")
-        command = [self.git, "-c", "core.hooksPath=" + os.devnull, "-c", "credential.helper=",
-                   "-c", "commit.gpgSign=false", "-c", "core.autocrlf=false", "-c", "core.fsmonitor=false",
-                   "-c", "core.quotePath=false", "-c", "gc.auto=0", "-c", "core.untrackedCache=true", *args]
+        return [self.git, "-c", "core.hooksPath=" + os.devnull, "-c", "credential.helper=",
+                "-c", "commit.gpgSign=false", "-c", "core.autocrlf=false", "-c", "core.fsmonitor=false",
+                "-c", "core.quotePath=false", "-c", "gc.auto=0", "-c", "core.untrackedCache=true",
+                "-c", "core.fsync=loose-object", "-c", "core.fsyncMethod=fsync", "-c", "core.symlinks=true", *args]
+
+    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         try:
-            done = subprocess.run(command, env=self._env(), cwd=self.workspace, input=stdin, capture_output=True,
-                                  timeout=budget or self.budget)
+            return subprocess.Popen(self._command(args), env=self._env(), cwd=self.workspace, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, umask=0o077)
+        except OSError as e:
+            raise SnapshotUnavailable(f"git could not be run: {e.strerror or e}") from None
+
+    def _finish(self, proc: subprocess.Popen[bytes], name: str, stdin: bytes | None = None,
+                budget: float | None = None) -> bytes:
+        try:
+            out, err = proc.communicate(stdin, timeout=budget or self.budget)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
             raise SnapshotUnavailable(
                 f"a workspace snapshot took over {budget or self.budget:g} s (the workspace is too large): "
                 "snapshots are off for this session") from None
-        except OSError as e:
-            raise SnapshotUnavailable(f"git could not be run: {e.strerror or e}") from None
-        if done.returncode != 0:
-            first = (done.stderr.decode("utf-8", "replace").strip().splitlines() or ["(no message)"])[0]
-            raise SnapshotUnavailable(f"git {args[0]} failed: {first[:200]}")
-        return done.stdout
+        if proc.returncode != 0:
+            first = (err.decode("utf-8", "replace").strip().splitlines() or ["(no message)"])[0]
+            raise SnapshotUnavailable(f"git {name} failed: {first[:200]}")
+        return out
+
+    def run(self, *args: str, stdin: bytes | None = None, budget: float | None = None) -> bytes:
+        return self._finish(self._spawn(*args), args[0], stdin, budget)
 
     def ensure(self) -> None:
-        """Create the shadow repository (private, bare of hooks) on first use."""
-        if (self.git_dir / "HEAD").exists():
-            return
-        self.git_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.run("init", "--quiet")  # at GIT_DIR (the environment names it), its work tree the workspace
-        hooks = self.git_dir / "hooks"
-        if hooks.is_dir():
-            shutil.rmtree(hooks, ignore_errors=True)
-        (self.git_dir / "info").mkdir(exist_ok=True)
+        """Create the shadow repository (private, bare of hooks) on first use; keep its directories private."""
+        if not (self.git_dir / "HEAD").exists():
+            self.git_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.run("init", "--quiet")  # at GIT_DIR (the environment names it), its work tree the workspace
+            hooks = self.git_dir / "hooks"
+            if hooks.is_dir():
+                shutil.rmtree(hooks, ignore_errors=True)
+            (self.git_dir / "info").mkdir(mode=0o700, exist_ok=True)
+        for directory in (self.git_dir.parent, self.git_dir):  # 0700 whatever the umask was when they were made
+            with contextlib.suppress(OSError):
+                if stat.S_IMODE(os.stat(directory).st_mode) != 0o700:
+                    os.chmod(directory, 0o700)
 
     # -- snapshots --------------------------------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        """The workspace now, as a tree id in the shadow repository."""
+        """The workspace now, as a tree id in the shadow repository, with the manifest of what it left out."""
         self.ensure()
         if not self._stale_checked:
             self._stale_checked = True
@@ -113,51 +203,149 @@ class ShadowRepo:
                 if others:
                     with contextlib.suppress(OSError):
                         shutil.copyfile(others[0], self.index)
-        # --verbose names what the index took in ("add 'path'", "remove 'path'"): nothing named and a tree already
-        # known means the workspace is as it was, so no write-tree (a command mid-turn waits only for `git add`)
-        said = self.run("add", "-A", "--verbose", "--ignore-errors", "--", ".").decode("utf-8", "surrogateescape")
-        if not said.strip() and self._last_tree is not None:
-            return Snapshot(self._last_tree)
-        added = [line[5:-1] for line in said.splitlines() if line.startswith("add '") and line.endswith("'")]
-        left_out = self._leave_out_large(added)
-        tree = self.run("write-tree").decode().strip()
-        self._last_tree = tree
-        return Snapshot(tree, left_out)
+                        os.chmod(self.index, 0o600)
+        started = time.time_ns()
+        # what changed since the index last looked (new, modified, deleted) and what is ignored, side by side
+        changed = self._spawn("ls-files", "-z", "--others", "--modified", "--deleted", "--exclude-standard")
+        ignored = self._spawn("ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory")
+        candidates = _paths(self._finish(changed, "ls-files"))
+        left: list[LeftOut] = [self._entry(p, IGNORED) for p in _paths(self._finish(ignored, "ls-files"))]
+        take, drop = [], []
+        for path in dict.fromkeys(candidates):
+            why = self._why_left_out(path)
+            if why is None:
+                take.append(path)
+            else:
+                left.append(self._entry(path, why))
+                if not path.endswith("/"):
+                    drop.append(path)  # out of the index too, if an earlier snapshot took it
+        if take:
+            self._update_index("--add", "--remove", paths=take)
+        if drop:
+            self._update_index("--force-remove", paths=drop)
+        tree = self._last_tree
+        if take or drop or tree is None:
+            tree = self.run("write-tree").decode().strip()
+        left.sort(key=lambda e: e.path)
+        manifest = self._write_manifest(left)
+        self._sync_objects(started)
+        self._last_tree, self._last_manifest = tree, manifest
+        told = [(e.path, e.reason) for e in left if e.reason in (TOO_LARGE, SECRET, UNREADABLE, SPECIAL)]
+        return Snapshot(tree, told, manifest)
 
-    def _leave_out_large(self, changed: list[str]) -> list[str]:
-        """Files over the size limit among those just added: out of the index, and excluded from now on (the shadow
-        repository's own info/exclude)."""
-        large = []
-        for path in changed:
+    def _why_left_out(self, path: str) -> str | None:
+        """Why a changed path stays out of the tree (None: it goes in). Size and secrets are checked before git sees
+        the file, so nothing over the limit or holding a secret is ever written into the store."""
+        if path.endswith("/"):
+            return NESTED  # git lists a directory holding its own repository as one entry, and never looks inside
+        full = self.workspace / path
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            return None  # deleted: out of the index
+        except OSError:
+            return UNREADABLE
+        if stat.S_ISLNK(st.st_mode):
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return NESTED if (full / ".git").exists() else SPECIAL  # a tracked file that became a directory
+        if not stat.S_ISREG(st.st_mode):
+            return SPECIAL
+        if st.st_size > self.max_file:
+            return TOO_LARGE
+        if self.holds_secret is not None:
             try:
-                if (self.workspace / path).stat().st_size > self.max_file:
-                    large.append(path)
+                with open(full, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
+                    data = f.read(self.max_file + 1)
             except OSError:
-                continue
-        if large:
-            self.run("rm", "--cached", "--quiet", "--ignore-unmatch", "--pathspec-from-file=-", "--pathspec-file-nul",
-                     stdin=b"\0".join(p.encode("utf-8", "surrogateescape") for p in large))
-            exclude = self.git_dir / "info" / "exclude"
-            with open(exclude, "a", encoding="utf-8", errors="surrogateescape") as f:
-                for path in large:
-                    f.write("/" + path.replace("\\", "\\\\").replace("*", "\\*").replace("?", "\\?")
-                            .replace("[", "\\[") + "\n")
-        return large
+                return UNREADABLE
+            if self.holds_secret(data):
+                return SECRET
+        elif not os.access(full, os.R_OK):
+            return UNREADABLE
+        return None
+
+    def _entry(self, path: str, reason: str) -> LeftOut:
+        try:
+            st = os.lstat(self.workspace / path.rstrip("/"))
+            return LeftOut(path, reason, _kind(st), st.st_size, st.st_mtime_ns)
+        except OSError:
+            return LeftOut(path, reason, "gone", 0, 0)
+
+    def _update_index(self, *flags: str, paths: list[str]) -> None:
+        data = b"\0".join(p.encode("utf-8", "surrogateescape") for p in paths) + b"\0"
+        self.run("update-index", "-z", *flags, "--stdin", stdin=data)
+
+    def _write_manifest(self, left: list[LeftOut]) -> str:
+        """The manifest as a blob of the shadow repository (a loose object, fsync'd), its id returned."""
+        data = _manifest_encoder.encode(left)
+        blob = git_blob_id(data)
+        if blob == self._last_manifest:
+            return blob
+        self._manifests[blob] = left
+        folder = self.git_dir / "objects" / blob[:2]
+        target = folder / blob[2:]
+        if target.exists():
+            return blob
+        folder.mkdir(mode=0o700, exist_ok=True)
+        tmp = folder / f"tmp-{os.getpid()}-{blob[2:10]}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o400)
+        try:
+            os.write(fd, zlib.compress(b"blob %d\0" % len(data) + data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        return blob
+
+    def _sync_objects(self, since_ns: int) -> None:
+        """fsync the object directories that gained a file since `since_ns` (git fsyncs each object file, not the
+        directory entry that names it): a power cut never leaves the log naming a tree that is not on disk."""
+        objects = self.git_dir / "objects"
+        dirs = [objects]
+        with os.scandir(objects) as found:
+            for entry in found:
+                with contextlib.suppress(OSError):
+                    if len(entry.name) == 2 and entry.stat(follow_symlinks=False).st_mtime_ns >= since_ns - 10_000_000:
+                        dirs.append(Path(entry.path))
+        for directory in dirs:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    # -- reading snapshots back -------------------------------------------------------------------------------------
+
+    def manifest(self, blob: str) -> list[LeftOut]:
+        if blob not in self._manifests:
+            self._manifests[blob] = _manifest_decoder.decode(self.run("cat-file", "blob", blob))
+        return self._manifests[blob]
+
+    def entries(self, tree: str) -> dict[str, tuple[str, str]]:
+        """path → (mode, blob id) of every entry of `tree` (nested repositories as mode 160000)."""
+        if tree not in self._trees:
+            found = {}
+            for line in self.run("ls-tree", "-r", "-z", "--full-tree", tree).decode("utf-8", "surrogateescape").split("\0"):
+                if "\t" in line:
+                    meta, path = line.split("\t", 1)
+                    mode, _, blob = meta.split()
+                    found[path] = (mode, blob)
+            self._trees[tree] = found
+        return self._trees[tree]
+
+    def blob(self, blob: str) -> bytes:
+        return self.run("cat-file", "blob", blob)
 
     def changed_between(self, old: str, new: str) -> list[str]:
         """Paths that differ between two trees."""
+        if old == new:
+            return []
         out = self.run("diff-tree", "-r", "-z", "--name-only", "--no-renames", old, new)
         return sorted(p for p in out.decode("utf-8", "surrogateescape").split("\0") if p)
 
-    def restore(self, tree: str) -> None:
-        """Put the workspace back to `tree`: changed files rewritten, files added since removed; files the snapshots
-        never held (ignored, over the size limit) are left alone."""
-        self.snapshot()  # the index holds the workspace now, so read-tree knows what to remove
-        self.run("read-tree", "-u", "--reset", tree)
-        self._last_tree = tree
-
     def keep_only(self, trees: set[str]) -> None:
-        """Keep the trees still needed (as refs) and drop everything else (`cairn rm`)."""
+        """Keep the trees and manifests still needed (as refs) and drop everything else (`cairn rm`)."""
         if not (self.git_dir / "HEAD").exists():
             return
         refs = self.run("for-each-ref", "--format=%(refname)", "refs/cairn/").decode().split()
@@ -165,3 +353,7 @@ class ShadowRepo:
         if lines:
             self.run("update-ref", "--stdin", stdin=("\n".join(lines) + "\n").encode())
         self.run("gc", "--quiet", "--prune=now", budget=120)
+
+
+def _paths(out: bytes) -> list[str]:
+    return [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
