@@ -56,7 +56,7 @@ from cairn.persistence.events import (
 from cairn.persistence.evidence import FILE_TOOLS, inside, sha256_of_file
 from cairn.persistence.session import LiveSession
 
-from .snapshots import GITLINK, SYMLINK, LeftOut, ShadowRepo, Snapshot, SnapshotUnavailable, state_of
+from .snapshots import GITLINK, IGNORED, NESTED, SYMLINK, LeftOut, ShadowRepo, Snapshot, SnapshotUnavailable, state_of
 
 Scope = Literal["files", "conversation", "both"]
 COMMAND_TOOLS = ("run_command",)
@@ -234,7 +234,7 @@ def _state_at(repo: ShadowRepo, shot: WorkspaceSnapshot | Snapshot, path: str) -
 
 def _where(shot: WorkspaceSnapshot) -> str:
     return {"turn-start": f"turn {shot.turn}'s start", "turn-end": f"turn {shot.turn}'s end",
-            "command": f"a command of turn {shot.turn}"}.get(shot.at, "a rewind")
+            "command": f"the start of a command of turn {shot.turn}"}.get(shot.at, "a rewind")
 
 
 def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: ShadowRepo,
@@ -297,9 +297,17 @@ def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: 
             entry = repo.entries(interval.end.tree if interval.end else now.tree).get(path)
             if entry is not None and entry[0] == GITLINK and path not in {p for p, _ in plan.not_restored}:
                 plan.not_restored.append((path, "a nested repository: what changed inside it is not captured"))
+    named = {p for p, _ in plan.not_restored}
+    then = {e.path: e for e in repo.manifest(start.manifest)} if start.manifest else {}
     for entry in repo.manifest(now.manifest) if now.manifest else []:
-        if entry.reason.startswith("a nested repository") and entry.path not in {p for p, _ in plan.not_restored}:
+        if entry.path in named:
+            continue
+        if entry.reason == NESTED:
             plan.not_restored.append((entry.path, "a nested repository: what changed inside it is not captured"))
+        elif entry.reason != IGNORED and (entry.path not in then or (then[entry.path].size, then[entry.path].mtime_ns)
+                                          != (entry.size, entry.mtime_ns)):
+            # changed in the range but never captured (too large, a secret, unreadable): Cairn cannot take it back
+            plan.not_restored.append((entry.path, f"{entry.reason}: left out of snapshots, Cairn never held it"))
     plan.not_restored.sort()
     return plan
 

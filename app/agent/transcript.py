@@ -147,8 +147,19 @@ class Transcript:
 
     def _rewind(self, event: ConversationRewind) -> None:
         """The conversation continues from before turn `to_turn`: rebuilt from the events before that turn began
-        (earlier rewinds and compactions among them apply as they did); the log keeps everything."""
+        (earlier rewinds and compactions among them apply as they did); the log keeps everything. An undo
+        (`undo_of`) rebuilds from everything before it, as if the undone rewind's conversation/rewind were not there."""
         source = self._source
+        if event.undo_of is not None:
+            span = [e.seq for e in source if isinstance(e, (RewindPlan, RewindEnd)) and e.rewind_id == event.undo_of]
+            first, last = (min(span), max(span)) if span else (-1, -1)
+            self.__init__(source)  # type: ignore[misc]
+            for e in source:
+                if e.seq >= event.seq:
+                    break
+                if not (isinstance(e, ConversationRewind) and first < e.seq < last):
+                    self.add(e)
+            return
         cut = next((e.seq for e in source if isinstance(e, TurnStart) and e.turn == event.to_turn), event.seq)
         self.__init__(source)  # type: ignore[misc]
         for e in source:
@@ -166,6 +177,11 @@ class Transcript:
                     and e.outcome == "done"}
         files = [f for f in plan.files if f.path in restored]
         if not files:
+            return
+        if plan.undo_of is not None:
+            listed = ", ".join(f.path for f in files)
+            self._add_user(f"[Cairn] The operator undid the last rewind: {listed} are back as they were before it; "
+                           "read them again before relying on them.")
             return
         listed = ", ".join(f"{f.path} ({'restored' if f.restore_sha256 else 'deleted: it did not exist then'})"
                            for f in files)

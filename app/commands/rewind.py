@@ -1,9 +1,11 @@
 """`cairn rewind` and `cairn fork` (SPEC §6 and §9 rev 3): take turns back, headless, or branch a session off.
 
-`rewind` opens the session for writing (locked, repaired, evidence gathered), then restores files, conversation or both
-to before `--turn N` with the same crash-safe plan the TUI and ACP use (the whole workspace from the turn's git snapshot
-where there is one, else the file tools' before-images); a file changed outside Cairn is named and
-nothing is touched (exit 3) unless `--force`. An interrupted rewind is reported and `--finish` or `--abandon` settles it.
+`rewind` opens the session for writing (locked, repaired, evidence gathered) in the session's own workspace, then
+takes back what Cairn changed in turns N and later (files, conversation or both) with the same crash-safe plan the TUI
+and ACP use (SPEC §10: from the turns' snapshots where git is there, else the file tools' before-images). A path a turn
+changed and someone else changed after it is a conflict: named, nothing touched (exit 3) unless `--force`. `--undo`
+takes the most recent rewind back; `--dry-run` prints the plan and writes nothing. An interrupted rewind blocks every
+other rewind until `--finish` (each path checked against the plan first; exit 3 naming what changed) or `--abandon`.
 `fork` copies the history before turn N (default: all of it, repaired) into a new session; the original is untouched.
 """
 
@@ -22,15 +24,20 @@ from ..exit_codes import EXIT_LOCKED, EXIT_OK, EXIT_USAGE, fail
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     rw = sub.add_parser("rewind", parents=[common],
-                        help="undo turns N and later: the workspace (what Cairn's tools, and with git its commands, "
-                             "changed), the conversation, or both")
+                        help="undo turns N and later: what Cairn changed in the workspace (its tools and, with git, "
+                             "its commands), the conversation, or both; --undo takes the last rewind back")
     rw.add_argument("session_id", metavar="SESSION_ID")
     rw.add_argument("--turn", type=int, metavar="N", help="the first turn to undo (see `cairn show`)")
     what = rw.add_mutually_exclusive_group()
     what.add_argument("--files", action="store_true", help="restore files only (the conversation stays)")
     what.add_argument("--conversation", action="store_true", help="rewind the conversation only (files stay)")
-    rw.add_argument("--force", action="store_true", help="overwrite files changed outside Cairn since it wrote them")
+    rw.add_argument("--force", action="store_true",
+                    help="also restore paths someone else changed (conflicts, and changes made between turns)")
+    rw.add_argument("--dry-run", action="store_true", help="print the plan (restore / delete / not restored, with "
+                                                            "reasons) and write nothing")
     settle = rw.add_mutually_exclusive_group()
+    settle.add_argument("--undo", action="store_true",
+                        help="put files and conversation back as they were just before the most recent rewind")
     settle.add_argument("--finish", action="store_true", help="finish a rewind a crash interrupted")
     settle.add_argument("--abandon", action="store_true", help="give up a rewind a crash interrupted")
 
@@ -43,46 +50,95 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 def rewind_command(args: argparse.Namespace, config: Any, store: Any) -> int:
     from ..agent.rewind import RewindRefused
 
-    if not (args.finish or args.abandon) and args.turn is None:
-        return fail("say which turn to undo from: cairn rewind SESSION_ID --turn N (cairn show lists the turns)",
+    settling = args.finish or args.abandon or args.undo
+    if not settling and args.turn is None:
+        return fail("say which turn to undo from: cairn rewind SESSION_ID --turn N (cairn show lists the turns), "
+                    "or --undo", EXIT_USAGE)
+    if settling and args.turn is not None:
+        return fail("--turn goes with a new rewind, not with --undo, --finish or --abandon", EXIT_USAGE)
+    if args.dry_run and (args.finish or args.abandon):
+        return fail("--dry-run shows a rewind's plan (--turn N, or --undo); --finish and --abandon have none",
                     EXIT_USAGE)
     try:
-        return anyio.run(_rewind, args, config, store)
+        return anyio.run(_dry_run if args.dry_run else _rewind, args, config, store)
     except RewindRefused as e:
         return fail(str(e), EXIT_LOCKED if e.changed else EXIT_USAGE)
+
+
+def _scope(args: argparse.Namespace) -> Any:
+    return "files" if args.files else "conversation" if args.conversation else "both"
+
+
+async def _dry_run(args: argparse.Namespace, config: Any, store: Any) -> int:
+    """The plan, read without a lock or a repair written: nothing in the session or the workspace changes."""
+    import anyio.to_thread
+
+    from cairn.persistence.blobs import blob_store_for
+
+    from ..agent.rewind import pending_rewind, pending_text, plan_lines, plan_rewind, plan_undo
+    from ..compose import workspace_snapshots
+
+    inspection = store.inspect(args.session_id)
+    events = inspection.events + inspection.repair
+    workspace = _workspace_of(inspection.header, events)
+    pending = pending_rewind(events)
+    if pending is not None:
+        return fail(pending_text(*pending, args.session_id), EXIT_USAGE)
+    repo = workspace_snapshots(config, None, workspace, args.session_id)
+    blobs = blob_store_for(store.backend)
+    try:
+        if args.undo:
+            plan = await anyio.to_thread.run_sync(plan_undo, events, workspace, repo)
+        else:
+            files = _scope(args) in ("files", "both")
+            plan = await anyio.to_thread.run_sync(plan_rewind, events, workspace, args.turn, blobs,
+                                                  repo if files else None, args.force)
+    finally:
+        blobs.close()
+    for line in plan_lines(plan, "both" if args.undo else _scope(args)):
+        print(safe_text(line))
+    return EXIT_OK
+
+
+def _workspace_of(header: Any, events: list[Any]) -> Path:
+    """The session's own workspace: where it was created, or where it last moved to (SPEC §10)."""
+    from cairn.persistence.events import WorkspaceMoved
+
+    moved = next((e.to for e in reversed(events) if isinstance(e, WorkspaceMoved)), None)
+    return Path(moved or header.cwd)
 
 
 async def _rewind(args: argparse.Namespace, config: Any, store: Any) -> int:
     from cairn.persistence.blobs import blob_store_for
     from cairn.persistence.session import LiveSession
 
-    from ..agent.rewind import abandon_rewind, describe, finish_rewind, pending_rewind, rewind
+    from ..agent.rewind import abandon_rewind, describe, finish_rewind, pending_rewind, pending_text, rewind, undo_rewind
     from ..compose import workspace_snapshots
 
     opened = store.open_for_resume(args.session_id)
     blobs = blob_store_for(store.backend)
     try:
         async with LiveSession(opened) as session:
-            workspace = Path(session.header.cwd)
-            repo = workspace_snapshots(config, None, workspace, session.id)
+            workspace = _workspace_of(session.header, session.events)
+            if not workspace.is_dir():
+                return fail(f"session {session.id}'s workspace {workspace} no longer exists: nothing was rewound",
+                            EXIT_USAGE)
+            repo = workspace_snapshots(config, None, workspace, session.id, holds_secret=session.holds_secret)
             pending = pending_rewind(session.events)
             if args.abandon:
                 plan = await abandon_rewind(session)
-                print(f"abandoned the interrupted rewind to before turn {plan.to_turn}")
+                print(f"abandoned the interrupted rewind to before turn {plan.to_turn}: files and conversation stay "
+                      "as they are now")
                 return EXIT_OK
             if args.finish:
                 outcome = await finish_rewind(session, workspace, blobs, force=args.force, repo=repo)
             elif pending is not None:
-                plan, done = pending
-                left = [f.path for f in plan.files if f.path not in done]
-                return fail(
-                    f"a rewind to before turn {plan.to_turn} was interrupted (restored: {', '.join(sorted(done)) or 'none'}; "
-                    f"not yet: {', '.join(left) or 'none'}): run cairn rewind {session.id} --finish or --abandon",
-                    EXIT_USAGE,
-                )
+                return fail(pending_text(*pending, session.id), EXIT_USAGE)
+            elif args.undo:
+                outcome = await undo_rewind(session, workspace, blobs, force=args.force, repo=repo)
             else:
-                scope = "files" if args.files else "conversation" if args.conversation else "both"
-                outcome = await rewind(session, workspace, blobs, args.turn, scope, force=args.force, repo=repo)
+                outcome = await rewind(session, workspace, blobs, args.turn, _scope(args), force=args.force,
+                                       repo=repo)
     finally:
         blobs.close()
     for line in describe(outcome):
