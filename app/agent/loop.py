@@ -226,6 +226,7 @@ class AgentLoop:
         self.snapshots = snapshots  # the workspace's shadow git repository (None: snapshots off or no git)
         self._last_shot: Any = None  # this session's latest workspace/snapshot event
         self._touched = False  # a tool with an effect ran since that snapshot
+        self._told_left_out: set[str] = set()  # paths the operator was told were left out of snapshots
         self.report = report or log.warning  # one line for the operator (stderr headless, a notice in the TUI)
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
@@ -716,7 +717,8 @@ class AgentLoop:
             return
         if at == "command" and not self._touched and self._last_shot is not None and self._last_shot.turn == st.turn:
             # nothing with an effect ran since this turn's last snapshot: the command starts from that tree
-            shot = Snapshot(self._last_shot.tree, manifest=self._last_shot.manifest)
+            shot = Snapshot(self._last_shot.tree, [(path, "") for path in self._last_shot.left_out],
+                            self._last_shot.manifest)
         else:
             try:
                 shot = await anyio.to_thread.run_sync(repo.snapshot)
@@ -728,9 +730,11 @@ class AgentLoop:
         self._last_shot = self.session.append(WorkspaceSnapshot(
             turn=st.turn, at=at, tree=shot.tree, call_id=call_id, left_out=[path for path, _ in shot.left_out],
             manifest=shot.manifest, workspace=str(repo.workspace)))
-        if shot.left_out:
-            shown = ", ".join(f"{path} ({why})" for path, why in shot.left_out[:5])
-            more = f" and {len(shot.left_out) - 5} more" if len(shot.left_out) > 5 else ""
+        news = [(path, why) for path, why in shot.left_out if why and path not in self._told_left_out]
+        if news:  # once a session per path, not at every snapshot
+            self._told_left_out.update(path for path, _ in news)
+            shown = ", ".join(f"{path} ({why})" for path, why in news[:5])
+            more = f" and {len(news) - 5} more" if len(news) > 5 else ""
             self.report(f"left out of workspace snapshots (not restorable): {shown}{more}")
 
     async def _fingerprint(self, name: str, arguments: dict[str, Any]) -> Fingerprint | None:
