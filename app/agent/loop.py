@@ -117,7 +117,8 @@ class TurnFailure(Exception):
 
 @dataclass
 class _CallState:
-    request: ToolCallRequest
+    request: ToolCallRequest  # as the model wrote it: what runs (SPEC §10 rev 4)
+    shown: ToolCallRequest  # the same with secrets masked, as stored: what an approval shows
     asked: bool = False  # approval/asked appended, approval/decided not yet
     call_seq: int | None = None  # seq of its tool/call
     run: ToolRunContext | None = None
@@ -591,15 +592,17 @@ class AgentLoop:
             for i, c in enumerate(end.tool_calls, 1)
         ]
         st.last_text = "".join(st.text)
+        # the event gets copies: appending masks secrets in place, and a call runs as written, never as masked
+        shown = [ToolCallRequest(r.call_id, r.name, r.arguments) for r in requests]
         self.session.append(
             AssistantMessage(
-                turn=st.turn, step=st.step or 0, text=st.last_text, tool_calls=requests, interrupted=False,
+                turn=st.turn, step=st.step or 0, text=st.last_text, tool_calls=shown, interrupted=False,
                 reasoning="".join(st.reasoning) or None, reasoning_meta=end.reasoning_meta, finish_reason=finish,
                 usage=end.usage,
             )
         )
         st.streaming = False
-        st.calls = [_CallState(r) for r in requests]
+        st.calls = [_CallState(r, s) for r, s in zip(requests, shown)]
         if finish == "length":
             self._truncated(st)
         return end.tool_calls
@@ -758,7 +761,7 @@ class AgentLoop:
         self.session.append(ApprovalAsked(turn=st.turn, step=st.step or 0, call_id=r.call_id))
         call.asked = True
         answer = as_answer(await self.approver(
-            ApprovalRequest(r.call_id, r.name, r.arguments, safety, st.turn, st.step or 0)))
+            ApprovalRequest(r.call_id, r.name, call.shown.arguments, safety, st.turn, st.step or 0)))
         call.asked = False
         scope = answer.command_prefix if answer.decision == "allowed_prefix" else None
         self.session.append(ApprovalDecided(turn=st.turn, step=st.step or 0, call_id=r.call_id,

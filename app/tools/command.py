@@ -2,9 +2,12 @@
 
 Why it is built this way:
 - `CAIRN_CALL_ID` is exported so a command can make itself idempotent (SPEC §1: the call_id is the idempotency key).
-- Cairn's API key is not passed on (`CAIRN_API_KEY`, `OPENAI_API_KEY`, and any other variable holding the same
-  value): whatever a command prints is recorded in the session log, and nothing secret may ever be written there
-  (SPEC §5). A command that needs a key must be given one another way.
+- Tools never see Cairn's keys (SPEC §10 rev 4): the command's environment (`tool_environment`) leaves out every
+  variable that names a key Cairn knows — `KEY_VARIABLES`, each profile's `api_key_env` — and any variable whose value
+  is one of the session's secret values. Scrubbing the log cannot help here: `printenv KEY | rev` prints the key in a
+  form no scrubber recognises. The config room, which learns the names and values, tells this module through
+  `withhold()` (tools cannot import config: config.file imports tools.mcp). A command that needs a key must be given
+  one another way.
 - The shell gets its own session and process group (`start_new_session`), so a timeout or a cancelled turn can stop the
   whole tree it started — `sleep 30 & sleep 30` included — rather than only the shell. Stopping is SIGTERM to the group,
   then SIGKILL to the group after KILL_GRACE seconds at most, so a command that ignores SIGTERM cannot hang a cancel.
@@ -40,14 +43,17 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 import anyio
+
+from cairn.persistence.sanitize import MIN_SECRET_CHARS
 
 from .base import OUTPUT_LIMIT, Tool, ToolContext, ToolFailure
 from .workspace import optional_number, require_str
 
-SECRET_ENV = ("CAIRN_API_KEY", "OPENAI_API_KEY")
+# variables that hold a key (or, for the database URL, may hold a password) whatever the config says
+KEY_VARIABLES = ("CAIRN_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CAIRN_DATABASE_URL")
 DEFAULT_TIMEOUT = 120.0
 MAX_TIMEOUT = 600.0
 EXIT_GRACE = 1.0  # seconds to wait for end-of-output after the shell itself has exited
@@ -213,16 +219,32 @@ def _join(output: str, line: str) -> str:
     return output + line
 
 
-def command_environment() -> dict[str, str]:
-    """This process's environment without Cairn's API key (see the module docstring)."""
-    keys = {os.environ[name] for name in SECRET_ENV if os.environ.get(name)}
-    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV and v not in keys}
+# What no tool process inherits, for the life of this process: a name or value learned for one session stays withheld
+# for the next (one process may serve several, in ACP), since withholding more never exposes anything.
+_withheld_names: set[str] = set(KEY_VARIABLES)
+_withheld_values: set[str] = set()
+
+
+def withhold(names: Iterable[str | None] = (), values: Iterable[str | None] = ()) -> None:
+    """Keep these variables, and any variable holding one of these values, out of every tool's environment from now on.
+    Values shorter than the log's scrubber takes are ignored: they would strip ordinary variables (`USER=dev`)."""
+    _withheld_names.update(n for n in names if n)
+    _withheld_values.update(v for v in values if v and len(v) >= MIN_SECRET_CHARS)
+
+
+def tool_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`environ` (default: this process's) without Cairn's keys: the withheld variables, and every variable whose value
+    is a withheld value or the value of a withheld variable (a copy of the key under another name)."""
+    environ = os.environ if environ is None else environ
+    held = (environ.get(name) for name in _withheld_names)
+    values = _withheld_values | {v for v in held if v and len(v) >= MIN_SECRET_CHARS}
+    return {k: v for k, v in environ.items() if k not in _withheld_names and v not in values}
 
 
 async def run_command(args: dict[str, Any], ctx: ToolContext) -> str:
     command_line = require_str(args, "command")
     timeout = optional_number(args, "timeout", DEFAULT_TIMEOUT, minimum=1, maximum=MAX_TIMEOUT)
-    env = command_environment()
+    env = tool_environment()
     env["CAIRN_CALL_ID"] = ctx.call_id
     capture = _Capture()
     loop = asyncio.get_running_loop()

@@ -24,9 +24,12 @@ whole is bounded by `truncate_output` like the built-in tools; secrets are scrub
 Lifecycle: `McpServers` is an async context manager entered by `compose.mount_agent` before the policy and the loop,
 so the AsyncExitStack stops the servers after the loop has quiesced and before persistence closes. A stdio server runs
 in its own process group (the SDK stops the whole tree at teardown) and, on Linux, with the parent-death signal set,
-so a SIGKILLed Cairn leaves no server behind either. It gets only a minimal environment (HOME, PATH, …) plus what its
-`env` / `env_vars` give, never Cairn's API keys. Its stderr goes to a temporary file whose last line explains a failed
-start, never to the terminal (it would corrupt the TUI).
+so a SIGKILLed Cairn leaves no server behind either. It gets only the SDK's minimal environment (HOME, PATH, …, none of
+which names a key) plus what its `env` / `env_vars` give: those are the operator's own words for this server and are
+passed as configured, so Cairn's keys (SPEC §10 rev 4) reach a server only when its table names them. The servers'
+secret values (tokens, secret-looking `env` values) are withheld from `run_command` in turn (`command.withhold`): a
+command could print them in a form the log's scrubber cannot recognise. Its stderr goes to a temporary file whose last
+line explains a failed start, never to the terminal (it would corrupt the TUI).
 
 The `mcp` package (which brings pydantic) is imported only when a server is configured: `cairn run`, `show` and
 `sessions` start-up stays lean without one. This module itself imports nothing heavy at import time.
@@ -54,6 +57,7 @@ import anyio.to_thread
 from cairn.widgets.terminal_text import safe_text
 
 from .base import Safety, Tool, ToolContext, ToolFailure, truncate_output
+from .command import withhold
 
 log = logging.getLogger("cairn.mcp")
 
@@ -644,6 +648,7 @@ class McpServers:
         self.report = report or (lambda message: log.warning("%s", message))
         self.tools: list[Tool] = []
         self.secrets = [s for c in self.connections for s in server_secrets(c.config, environ)]
+        withhold(values=self.secrets)
         self._tasks: anyio.abc.TaskGroup | None = None
         self.settled = anyio.Event()
         self.on_change: list[Callable[[], None]] = []  # called after any server's state changed
