@@ -1,11 +1,13 @@
-"""P12 — what does a workspace snapshot cost per turn (SPEC §9 rev 3, issue 30)?
+"""P12 — what does a workspace snapshot cost per turn (SPEC §9 rev 3, issue 30; §10 rev 4, issue 38)?
 
 A generated workspace of 10,000 files / ~200 MB (text files of 4–36 KB in 100 directories, a `.gitignore`). Each
 round changes 20 files (what a turn's tools and commands typically touch), then times:
 
 - Cairn: `ShadowRepo.snapshot()` — what the loop runs at a turn's start and end (git with Cairn's private
-  environment, its own index, the large-file check on what changed);
-- baseline (same run, same tree, same round): plain `git add -A && git write-tree` with a GIT_DIR and index of its own.
+  environment, its own index, the size and secret checks before a changed file is added, the manifest of what was left
+  out, every new object and its directory fsync'd);
+- baseline (same run, same tree, same round): plain `git add -A && git write-tree` with a GIT_DIR and index of its own
+  and the same fsync settings (`core.fsync=loose-object`, `core.fsyncMethod=fsync`).
 
 The two are run alternately (order swapped every round) so machine noise hits both. Both start from a first full
 snapshot (hashing the 200 MB once), which is reported apart and not in the ratio.
@@ -40,11 +42,14 @@ def generate(ws: Path, files: int, total_mb: int, rng: random.Random) -> None:
     (ws / ".gitignore").write_text("*.log\nbuild/\n")
 
 
+FSYNC = ["-c", "core.fsync=loose-object", "-c", "core.fsyncMethod=fsync"]  # what Cairn's snapshots use
+
+
 def plain_git(ws: Path, git_dir: Path) -> None:
     env = {"PATH": os.environ["PATH"], "HOME": str(git_dir), "GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(ws),
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-    subprocess.run(["git", "add", "-A"], env=env, cwd=ws, check=True, capture_output=True)
-    subprocess.run(["git", "write-tree"], env=env, cwd=ws, check=True, capture_output=True)
+    subprocess.run(["git", *FSYNC, "add", "-A"], env=env, cwd=ws, check=True, capture_output=True)
+    subprocess.run(["git", *FSYNC, "write-tree"], env=env, cwd=ws, check=True, capture_output=True)
 
 
 def touch(ws: Path, rng: random.Random, files: int, n: int, round_no: int) -> None:
@@ -70,7 +75,7 @@ def main() -> None:
         plain_dir = where / "plain.git"
         subprocess.run(["git", "init", "-q", "--bare", str(plain_dir)], check=True,
                        env={"PATH": os.environ["PATH"], "HOME": str(where)})
-        repo = ShadowRepo(where / "home", ws, "bench", budget=600)
+        repo = ShadowRepo(where / "home", ws, "bench", budget=600, holds_secret=lambda data: b"sk-bench-key" in data)
         t0 = now_ns()
         repo.snapshot()
         first_cairn = now_ns() - t0

@@ -237,6 +237,9 @@ class RewindFile(msgspec.Struct, gc=False, kw_only=True):
     expected_sha256: str | None
     restore_mode: str | None = None
     expected_mode: str | None = None
+    # the path's bytes (base64) when the name is not UTF-8: `path` is stored with U+FFFD in its place (SPEC §2), and a
+    # rewind must still reach the real file
+    raw_path: str | None = None
 
 
 class NotRestored(msgspec.Struct, gc=False, kw_only=True):

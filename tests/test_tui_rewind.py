@@ -180,7 +180,8 @@ def test_rewind_conversation_only_keeps_the_files(tmp_path):
     assert [e.to_turn for e in world.log("rw") if isinstance(e, ConversationRewind)] == [3]
 
 
-def test_esc_esc_then_both_refuses_a_hand_edited_file_until_confirmed(tmp_path):
+def test_esc_esc_then_both_asks_about_a_hand_edited_file_and_leave_it_keeps_it(tmp_path):
+    """SPEC §10: the TUI asks path by path; "Leave it" keeps that path as it is, named, and the rest is rewound."""
     world = three_turns(tmp_path)
     (world.workspace / "a.txt").write_text("mine\n")  # changed outside Cairn
     app = world.resume_app("rw")
@@ -197,13 +198,35 @@ def test_esc_esc_then_both_refuses_a_hand_edited_file_until_confirmed(tmp_path):
             await choose_turn(pilot, dialog, 2)
             assert "changed outside Cairn" in str(dialog.query_one("#plan-text").render())
             await pilot.press("b")
-            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the second confirmation")
-            await pilot.press("n")  # refused: nothing is touched, the dialog stays
-            await wait_for(pilot, lambda: app.screen is dialog, "back in the dialog")
-            assert (world.workspace / "a.txt").read_text() == "mine\n"
-            assert not any(isinstance(e, RewindPlan) for e in world.log("rw"))
+            asked = await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the question")
+            assert asked.question.startswith("(1 of 1) a.txt: ")
+            await pilot.press("n")  # leave a.txt: the rest goes back
+            await wait_for(pilot, lambda: "the conversation continues from before turn 2" in notices(app), "notice")
+            assert "not restored: a.txt" in notices(app) and "you chose to leave it" in notices(app)
+            await app.action_quit()
+
+    asyncio.run(run())
+    assert (world.workspace / "a.txt").read_text() == "mine\n"
+    assert not (world.workspace / "b.txt").exists()
+    log = world.log("rw")
+    assert [e.to_turn for e in log if isinstance(e, ConversationRewind)] == [2]
+    assert [e.outcome for e in log if isinstance(e, RewindEnd)] == ["completed"]
+
+
+def test_esc_esc_then_both_overwrites_a_hand_edited_file_only_after_a_yes(tmp_path):
+    world = three_turns(tmp_path)
+    (world.workspace / "a.txt").write_text("mine\n")  # changed outside Cairn
+    app = world.resume_app("rw")
+
+    async def run() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent")
+            dialog = await open_by_slash(pilot, app)
+            await choose_turn(pilot, dialog, 2)
             await pilot.press("b")
-            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the second confirmation again")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the question")
+            assert (world.workspace / "a.txt").read_text() == "mine\n"
+            assert not any(isinstance(e, RewindPlan) for e in world.log("rw"))  # nothing before the answer
             await pilot.press("y")
             await wait_for(pilot, lambda: "the conversation continues from before turn 2" in notices(app), "notice")
             await app.action_quit()
@@ -211,9 +234,6 @@ def test_esc_esc_then_both_refuses_a_hand_edited_file_until_confirmed(tmp_path):
     asyncio.run(run())
     assert (world.workspace / "a.txt").read_text() == "one\n"
     assert not (world.workspace / "b.txt").exists()
-    log = world.log("rw")
-    assert [e.to_turn for e in log if isinstance(e, ConversationRewind)] == [2]
-    assert [e.outcome for e in log if isinstance(e, RewindEnd)] == ["completed"]
 
 
 def test_an_interrupted_rewind_is_shown_on_open_and_finished(tmp_path):
@@ -406,3 +426,83 @@ def test_resume_screen_with_evidence_picture(snap_compare, tmp_path, size):
             assert words in text, words
 
     assert picture(snap_compare, app, size, shown)
+
+
+SNAPSHOT_WORKSPACE = Path("/tmp/cairn-rewind-snapshot-workspace")
+
+
+def snapshot_turns(tmp_path: Path):
+    """A workspace with ignored files; turn 1 removes `.gitignore` (so the ignored files enter its end snapshot) and
+    adds a file; between turns the operator edits one file and adds another; turn 2 says hello. Real git snapshots."""
+    shutil.rmtree(SNAPSHOT_WORKSPACE, ignore_errors=True)
+    SNAPSHOT_WORKSPACE.mkdir()
+    world = make_world(tmp_path, [])
+    world.config = dataclasses.replace(world.config, snapshots="auto", workspace=SNAPSHOT_WORKSPACE)
+    world.workspace = SNAPSHOT_WORKSPACE
+    (SNAPSHOT_WORKSPACE / ".gitignore").write_text("*.log\nbuild/\n")
+    (SNAPSHOT_WORKSPACE / "app.log").write_text("precious log\n")
+    (SNAPSHOT_WORKSPACE / "build").mkdir()
+    (SNAPSHOT_WORKSPACE / "build" / "out.o").write_text("object\n")
+    (SNAPSHOT_WORKSPACE / "README.md").write_text("readme\n")
+    (SNAPSHOT_WORKSPACE / "notes.txt").write_text("notes\n")
+    cli_turn(world, tmp_path, "snap", "tidy up the project",
+             {"name": "run_command", "arguments": {"command": "rm .gitignore && echo more >> README.md"}},
+             write("new.txt", "new\n"))
+    with open(SNAPSHOT_WORKSPACE / "notes.txt", "a") as f:
+        f.write("the operator's line\n")
+    (SNAPSHOT_WORKSPACE / "mine.txt").write_text("mine\n")
+    cli_turn(world, tmp_path, "snap", "say hello")
+    return world
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 50)], ids=["80x24", "120x40", "200x50"])
+def test_rewind_dialog_with_not_restored_paths_picture(snap_compare, tmp_path, size):
+    """SPEC §10: the plan names what it leaves alone and why — ignored then, changed only by the operator."""
+    world = snapshot_turns(tmp_path)
+    app = world.resume_app("snap")
+
+    async def shown(pilot) -> None:
+        await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent")
+        dialog = await open_by_slash(pilot, app)
+        await choose_turn(pilot, dialog, 1)
+        plan = str(dialog.query_one("#plan-text").render())
+        for words in ("README.md — restore its earlier content", ".gitignore — restore its earlier content",
+                      "new.txt — delete it", "Not restored (left as they are):",
+                      "app.log — not captured at the start of a command of turn 1: ignored by .gitignore",
+                      "build/out.o — not captured", "mine.txt — changed outside Cairn's turns",
+                      "notes.txt — changed outside Cairn's turns"):
+            assert words in plan, words
+        assert "Undo the last rewind" not in screen_text(app)  # no rewind yet
+
+    assert picture(snap_compare, app, size, shown)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
+def test_rewind_then_undo_from_the_dialog_puts_everything_back(tmp_path):
+    world = snapshot_turns(tmp_path)
+
+    def files() -> dict[str, str]:
+        return {p.relative_to(SNAPSHOT_WORKSPACE).as_posix(): p.read_text() for p in SNAPSHOT_WORKSPACE.rglob("*")
+                if p.is_file()}
+
+    before = files()
+    app = world.resume_app("snap")
+
+    async def run() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent")
+            dialog = await open_by_slash(pilot, app)
+            await choose_turn(pilot, dialog, 1)
+            await pilot.press("b")
+            await wait_for(pilot, lambda: "the conversation continues from before turn 1" in notices(app), "rewound")
+            assert not (SNAPSHOT_WORKSPACE / "new.txt").exists()
+            assert (SNAPSHOT_WORKSPACE / "app.log").exists() and (SNAPSHOT_WORKSPACE / "mine.txt").exists()
+            dialog = await open_by_slash(pilot, app)
+            assert "Undo the last rewind [u]" in screen_text(app)
+            await pilot.press("u")
+            await wait_for(pilot, lambda: "undid the last rewind" in notices(app), "undone")
+            await app.action_quit()
+
+    asyncio.run(run())
+    assert files() == before

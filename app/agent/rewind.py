@@ -27,6 +27,7 @@ the most recent one's: what it changed goes back to what the plan recorded it he
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import os
@@ -59,6 +60,9 @@ from cairn.persistence.session import LiveSession
 from .snapshots import GITLINK, IGNORED, NESTED, SYMLINK, LeftOut, ShadowRepo, Snapshot, SnapshotUnavailable, state_of
 
 Scope = Literal["files", "conversation", "both"]
+# `force`: True overwrites every path someone else changed too; a set of paths (the TUI, asked path by path) overwrites
+# those and leaves every other such path alone, named, without refusing the rewind
+Force = bool | frozenset[str]
 COMMAND_TOOLS = ("run_command",)
 GIT = "git:"  # a content id naming a blob of the shadow repository (else: a sha256 of the before-image store)
 MAX_KEPT = 10 * 1024 * 1024  # a path whose current content is larger cannot be kept as a before-image: not touched
@@ -153,8 +157,12 @@ def _since_move(events: list[AnyEvent]) -> tuple[list[AnyEvent], int]:
     return (events if moved < 0 else [e for e in events if e.seq > moved]), moved
 
 
+def forced(force: Force, path: str) -> bool:
+    return force is True or (isinstance(force, frozenset) and path in force)
+
+
 def plan_rewind(events: list[AnyEvent], workspace: Path, to_turn: int, blobs: BlobStore | None,
-                repo: ShadowRepo | None = None, force: bool = False) -> Plan:
+                repo: ShadowRepo | None = None, force: Force = False) -> Plan:
     """What rewinding to before `to_turn` would do, looked at now (nothing in the workspace is changed; with snapshots,
     the workspace is snapshotted). Raises RewindRefused for a turn that does not exist or ran before a move."""
     known = turns_of(events)
@@ -238,7 +246,7 @@ def _where(shot: WorkspaceSnapshot) -> str:
 
 
 def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: ShadowRepo,
-                   start: WorkspaceSnapshot, force: bool) -> Plan:
+                   start: WorkspaceSnapshot, force: Force) -> Plan:
     now = repo.snapshot()
     now_event = WorkspaceSnapshot(seq=1 << 62, turn=0, at="now", tree=now.tree, manifest=now.manifest)
     intervals = _intervals(events, start, now_event, repo)
@@ -285,13 +293,13 @@ def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: 
         if first is None:
             item.conflict = "changed outside Cairn's turns"
             plan.outside.append(item)
-            if not force:
+            if not forced(force, path):
                 plan.not_restored.append((path, "changed outside Cairn's turns (by you or another program): left "
                                                 "alone (--force restores it too)"))
             continue
         plan.files.append(item)
     if force:
-        plan.files = sorted(plan.files + plan.outside, key=lambda f: f.path)
+        plan.files = sorted(plan.files + [f for f in plan.outside if forced(force, f.path)], key=lambda f: f.path)
     for interval in intervals:  # a nested repository changed in the range is named, never entered
         for path in interval.changed:
             entry = repo.entries(interval.end.tree if interval.end else now.tree).get(path)
@@ -423,7 +431,7 @@ def plan_undo(events: list[AnyEvent], workspace: Path, repo: ShadowRepo | None) 
             continue
         git = f.expected_sha256 is not None and f.expected_sha256.startswith(GIT) or \
             f.restore_sha256 is not None and f.restore_sha256.startswith(GIT)
-        item = FilePlan(f.path, f.expected_sha256, {f.restore_sha256}, restore_mode=f.expected_mode)
+        item = FilePlan(real_path(f), f.expected_sha256, {f.restore_sha256}, restore_mode=f.expected_mode)
         item.restorable = f.expected_sha256 is None or _content_known(f.expected_sha256, repo)
         try:
             current = _current_state(workspace, f.path, git)
@@ -453,9 +461,9 @@ class Outcome:
 
 
 async def rewind(session: LiveSession, workspace: Path, blobs: BlobStore | None, to_turn: int, scope: Scope = "both",
-                 force: bool = False, repo: ShadowRepo | None = None) -> Outcome:
+                 force: Force = False, repo: ShadowRepo | None = None) -> Outcome:
     """Rewind `session` to before `to_turn`. Raises RewindRefused (nothing changed) when a rewind is pending, the turn
-    does not exist, or a path a turn changed was changed by someone else too and `force` is not set."""
+    does not exist, or a path a turn changed was changed by someone else too and `force` is False."""
     import anyio.to_thread
 
     _refuse_if_pending(session)
@@ -465,7 +473,7 @@ async def rewind(session: LiveSession, workspace: Path, blobs: BlobStore | None,
     return await _apply(session, workspace, blobs, repo, plan, files, scope in ("conversation", "both"), force)
 
 
-async def undo_rewind(session: LiveSession, workspace: Path, blobs: BlobStore | None, force: bool = False,
+async def undo_rewind(session: LiveSession, workspace: Path, blobs: BlobStore | None, force: Force = False,
                       repo: ShadowRepo | None = None) -> Outcome:
     """Put files and conversation back as they were just before the most recent rewind (crash-safe like a rewind)."""
     import anyio.to_thread
@@ -483,9 +491,14 @@ def _refuse_if_pending(session: LiveSession) -> None:
 
 
 async def _apply(session: LiveSession, workspace: Path, blobs: BlobStore | None, repo: ShadowRepo | None, plan: Plan,
-                 files: bool, conversation: bool, force: bool) -> Outcome:
+                 files: bool, conversation: bool, force: Force) -> Outcome:
     import anyio.to_thread
 
+    if isinstance(force, frozenset):  # asked path by path: what the operator kept is left alone, and named
+        kept_back = [f for f in plan.files if f.changed_outside and f.path not in force]
+        plan.files = [f for f in plan.files if f not in kept_back]
+        plan.not_restored = sorted(plan.not_restored + [(f.path, f"{f.conflict or 'changed outside Cairn'}: you chose "
+                                                                 "to leave it") for f in kept_back])
     if files and plan.changed_outside and not force:
         if plan.undo_of is not None:
             why = "changed since the rewind put it back"
@@ -503,7 +516,7 @@ async def _apply(session: LiveSession, workspace: Path, blobs: BlobStore | None,
     record = RewindPlan(
         rewind_id=rewind_id, to_turn=plan.to_turn, conversation=conversation,
         files=[RewindFile(path=f.path, restore_sha256=f.restore_sha256, expected_sha256=f.current_sha256,
-                          restore_mode=f.restore_mode, expected_mode=f.current_mode)
+                          restore_mode=f.restore_mode, expected_mode=f.current_mode, raw_path=_raw(f.path))
                for f in chosen if f.path not in kept],
         commands_in=plan.command_turns,
         undo_of=plan.undo_of.rewind_id if plan.undo_of is not None else None,
@@ -517,9 +530,23 @@ async def _apply(session: LiveSession, workspace: Path, blobs: BlobStore | None,
                                          manifest=plan.now.manifest, workspace=str(Path(workspace).resolve())))
     session.append(record)
     await session.flush()  # the plan, and what it replaces, are durable before the first file is touched
-    outcome = await _carry_out(session, workspace, blobs, record, set(), force, repo)
+    outcome = await _carry_out(session, workspace, blobs, record, set(), force is True, repo)
     outcome.undo = plan.undo_of is not None
     return outcome
+
+
+def _raw(path: str) -> str | None:
+    """The name's bytes, when the log cannot hold it as text (not UTF-8)."""
+    try:
+        path.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        return base64.b64encode(os.fsencode(path)).decode()
+
+
+def real_path(item: RewindFile) -> str:
+    """The path a plan's entry names on disk (its bytes, for a name that is not UTF-8)."""
+    return os.fsdecode(base64.b64decode(item.raw_path)) if item.raw_path else item.path
 
 
 def _last_turn(events: list[AnyEvent]) -> int:
@@ -590,7 +617,7 @@ def _changed_since_plan(workspace: Path, plan: RewindPlan, done: set[str]) -> li
         if item.path in done:
             continue
         try:
-            now = _current_state(workspace, item.path, _is_git(item))
+            now = _current_state(workspace, real_path(item), _is_git(item))
         except (OSError, ValueError):
             changed.append(item.path)
             continue
@@ -672,7 +699,7 @@ def _restore_one(workspace: Path, blobs: BlobStore | None, repo: ShadowRepo | No
                  force: bool) -> str | None:
     """Restore one planned path; None when done, else why it was left as it is."""
     try:
-        now = _current_state(workspace, item.path, _is_git(item))
+        now = _current_state(workspace, real_path(item), _is_git(item))
     except (OSError, ValueError) as e:
         return f"it cannot be read ({getattr(e, 'strerror', None) or e})"
     if _matches(now, item.restore_sha256, item.restore_mode):
@@ -685,7 +712,7 @@ def _restore_one(workspace: Path, blobs: BlobStore | None, repo: ShadowRepo | No
         if data is None:
             return "its earlier content is not in the store"
     try:
-        write_path(workspace, item.path, data, item.restore_mode)
+        write_path(workspace, real_path(item), data, item.restore_mode)
     except OSError as e:
         return f"it could not be written ({e.strerror or e})"
     return None

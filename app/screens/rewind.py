@@ -2,10 +2,12 @@
 session opens.
 
 `RewindScreen` lists the session's prompts (turn number and first line, newest last, the newest highlighted). For the
-highlighted turn it shows what rewinding to before it would do, from `plan_rewind` run in a thread (it hashes files):
-the files Cairn's tools changed from that turn on and what each goes back to, which of them were changed outside Cairn
-(restoring overwrites them, so it asks a second time), and the turns that ran commands (their changes cannot be
-restored). It returns a `RewindChoice` (turn, scope, force) or None; the chat screen runs the engine.
+highlighted turn it shows what rewinding to before it would do, from `plan_rewind` run in a thread (it snapshots and
+hashes files): the paths the rewound turns changed and what each goes back to, the paths it leaves alone and why (not
+captured then, changed only outside Cairn's turns), the conflicts (a turn changed the path, then someone else did:
+asked about one path at a time, and only a yes overwrites it), and the turns that ran commands without snapshots. `u`
+undoes the most recent rewind. It returns a `RewindChoice` (turn, scope, force, undo) or None; the chat screen runs the
+engine.
 
 `PendingRewindScreen` says what an interrupted rewind restored and what it did not, and returns "finish" or "abandon".
 """
@@ -28,7 +30,7 @@ from textual.widgets.option_list import Option
 
 from cairn.widgets.terminal_text import safe_text
 
-from ..agent.rewind import Plan, RewindRefused, Scope, plan_rewind, prompts
+from ..agent.rewind import Force, Plan, RewindRefused, Scope, last_rewind, plan_rewind, prompts
 from .confirm import ConfirmDialog
 
 
@@ -36,7 +38,8 @@ from .confirm import ConfirmDialog
 class RewindChoice:
     to_turn: int
     scope: Scope
-    force: bool = False
+    force: Force = False  # True, or the paths the operator said yes to, one by one
+    undo: bool = False  # undo the most recent rewind instead (to_turn and scope unused)
 
 
 def first_line(text: str, width: int = 200) -> str:
@@ -54,7 +57,7 @@ def plan_text(plan: Plan, prompt: str = "") -> Text:
     out.append("\n")
     if plan.files:
         if plan.tree is not None:
-            out.append(f"Files that differ from the workspace at turn {n}'s start (commands' changes included):\n")
+            out.append(f"Paths turn {n} and later changed (commands' changes included), back to before them:\n")
         else:
             out.append(f"Files Cairn's tools changed from turn {n} on:\n")
         for f in plan.files:
@@ -69,12 +72,18 @@ def plan_text(plan: Plan, prompt: str = "") -> Text:
                 what = "delete it (it did not exist)" if f.restore_sha256 is None else "restore its earlier content"
                 out.append(f"  {path} — {what}")
                 if f.changed_outside:
-                    out.append("  ⚠ changed outside Cairn: restoring overwrites it (asks first)", style="bold yellow")
+                    why = f.conflict or "changed outside Cairn"
+                    out.append(f"  ⚠ {why}: asks first", style="bold yellow")
                 out.append("\n")
     elif plan.tree is not None:
-        out.append(f"The workspace is as it was at turn {n}'s start.\n", style="dim")
+        out.append(f"Nothing turn {n} or a later one changed needs to go back.\n", style="dim")
     else:
         out.append(f"No file was changed by Cairn's file tools from turn {n} on.\n", style="dim")
+    if plan.not_restored:
+        out.append("Not restored (left as they are):\n")
+        for path, why in plan.not_restored:
+            out.append(f"  {safe_text(path)}", style="yellow")
+            out.append(f" — {safe_text(why)}\n", style="dim")
     if plan.command_turns:
         turns = ", ".join(map(str, plan.command_turns))
         word = "turns" if len(plan.command_turns) > 1 else "turn"
@@ -102,6 +111,7 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
         Binding("f", "choose('files')", "Files", show=False),
         Binding("c", "choose('conversation')", "Conversation", show=False),
         Binding("b", "choose('both')", "Both", show=False),
+        Binding("u", "undo", "Undo the last rewind", show=False),
         Binding("pageup", "scroll_plan(-1)", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_plan(1)", "Scroll", show=False, priority=True),
     ]
@@ -113,6 +123,7 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
         self.blobs = blobs
         self.repo = repo  # the workspace's shadow repository (snapshot rewinds), or None
         self.turns = prompts(self.events)
+        self.undoable = last_rewind(self.events) is not None
         self.plan: Plan | None = None  # for the highlighted turn, once computed
         self._asking = False
 
@@ -128,6 +139,8 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
                 yield Button(r"Files \[f]", id="files", variant="primary", compact=True)
                 yield Button(r"Conversation \[c]", id="conversation", compact=True)
                 yield Button(r"Both \[b]", id="both", compact=True)
+                if self.undoable:
+                    yield Button(r"Undo the last rewind \[u]", id="undo", compact=True)
                 yield Button(r"Cancel \[esc]", id="cancel", compact=True)
 
     def on_mount(self) -> None:
@@ -185,20 +198,33 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
         if plan is None or plan.to_turn != turn:
             self.notify("Still looking at the files of that turn: a moment.", markup=False)
             return
-        changed = plan.changed_outside if scope in ("files", "both") else []
+        changed = [f for f in plan.files if f.changed_outside] if scope in ("files", "both") else []
         if not changed:
             self.dismiss(RewindChoice(turn, scope))
             return
         self._asking = True
+        self._ask_each(turn, scope, changed)
 
-        def answered(overwrite: bool | None) -> None:
+    @work(exclusive=True, group="ask")
+    async def _ask_each(self, turn: int, scope: Scope, changed: list[Any]) -> None:
+        """One question a conflicting path: only the paths the operator says yes to are overwritten."""
+        yes: set[str] = set()
+        try:
+            for n, item in enumerate(changed, 1):
+                why = item.conflict or "changed outside Cairn since Cairn last wrote it"
+                question = (f"({n} of {len(changed)}) {item.path}: {why}. Restoring it to before turn {turn} "
+                            "overwrites what is there now. Overwrite it?")
+                if await self.app.push_screen_wait(ConfirmDialog(safe_text(question), yes="Overwrite",
+                                                                 no="Leave it")):
+                    yes.add(item.path)
+        finally:
             self._asking = False
-            if overwrite:
-                self.dismiss(RewindChoice(turn, scope, force=True))
+        self.dismiss(RewindChoice(turn, scope, force=frozenset(yes)))
 
-        self.app.push_screen(ConfirmDialog(safe_text(
-            "Changed outside Cairn since Cairn last wrote it: " + ", ".join(changed)
-            + f". Restoring to before turn {turn} overwrites what is there now. Overwrite?")), answered)
+    @on(Button.Pressed, "#undo")
+    def action_undo(self) -> None:
+        if self.undoable and not self._asking:
+            self.dismiss(RewindChoice(0, "both", undo=True))
 
     def action_scroll_plan(self, direction: int) -> None:
         plan = self.query_one("#plan", VerticalScroll)
