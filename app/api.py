@@ -12,7 +12,9 @@
 
 `resume="ID"` reopens a session (repairing a crashed turn first; `session.session.repaired` lists what repair added)
 and continues with the provider and model of its last request unless `provider=`/`model=` (or CAIRN_PROVIDER /
-CAIRN_MODEL) choose others; `approve=True` allows every tool call, or pass an async callable `(ApprovalRequest) -> decision`.
+CAIRN_MODEL) choose others, and in its own workspace (SPEC §10) unless `workspace=` names another, which moves the
+session there (a `workspace/moved` event); `workspace` defaults to the current directory for a new session only;
+`approve=True` allows every tool call, or pass an async callable `(ApprovalRequest) -> decision`.
 
 Provider settings come as with the CLI (option, then environment, then the config file's profile, then defaults):
 `profile="deepseek"` picks a profile of the config file (`config_file=` names another file), or pass them explicitly,
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from .agent.approval import ApprovalRequest, Approver, headless_approver
@@ -54,14 +55,15 @@ class Session(Agent):
         if self.loop.busy:
             raise RewindRefused("a turn is running: rewind between turns")
         blobs = self.loop.blobs() if self.loop.blobs is not None else None
-        outcome = await rewind(self.session, Path(self.session.header.cwd), blobs, turn, scope, force=force,
+        assert self.config is not None  # (open_agent always sets it: the session's own workspace, SPEC §10)
+        outcome = await rewind(self.session, self.config.workspace, blobs, turn, scope, force=force,
                                repo=self.loop.snapshots)
         return describe(outcome)
 
 
 @asynccontextmanager
 async def open_session(
-    workspace: str = ".",
+    workspace: str | None = None,
     *,
     resume: str | None = None,
     session_id: str | None = None,

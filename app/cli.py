@@ -70,7 +70,8 @@ def common_options(default: Any = None) -> argparse.ArgumentParser:
                    help="model provider (= CAIRN_PROVIDER)")
     g.add_argument("--model", metavar="NAME", help="model name (= CAIRN_MODEL)")
     g.add_argument("--script", metavar="FILE", help="JSON script for the script provider (= CAIRN_SCRIPT)")
-    g.add_argument("--workspace", metavar="DIR", help="directory the tools work in (default: current directory)")
+    g.add_argument("--workspace", metavar="DIR", help="directory the tools work in (default: the current directory; "
+                   "a resumed session's own); on a resume, moves the session there")
     g.add_argument("--base-url", metavar="URL", help="OpenAI-compatible server (= CAIRN_BASE_URL)")
     g.add_argument("--max-tokens", metavar="N", help="output token limit per answer (= CAIRN_MAX_TOKENS; default 8192)")
     g.add_argument("--profile", metavar="NAME", help="profile of the config file to use (= CAIRN_PROFILE)")
@@ -156,18 +157,23 @@ def collect_before_images(store: Any) -> None:
     from cairn.persistence.blobs import blob_store_for, names_needed
     from cairn.persistence.errors import PersistenceError
 
-    from cairn.persistence.events import WorkspaceSnapshot
+    from cairn.persistence.events import WorkspaceMoved, WorkspaceSnapshot
 
     needed: set[str] = set()
     trees: dict[str, set[str]] = {}  # workspace -> the snapshot trees its remaining sessions name
-    sessions: dict[str, set[str]] = {}  # workspace -> its remaining sessions
+    sessions: dict[str, set[str]] = {}  # workspace -> its remaining sessions (a moved one: each place it worked in)
     try:
         for session_id in store.backend.list_ids():
             log = store.backend.load(session_id)
             needed |= names_needed(log.events)
-            trees.setdefault(log.header.cwd, set()).update(
-                e.tree for e in log.events if isinstance(e, WorkspaceSnapshot))
-            sessions.setdefault(log.header.cwd, set()).add(session_id)
+            where = log.header.cwd
+            sessions.setdefault(where, set()).add(session_id)
+            for e in log.events:
+                if isinstance(e, WorkspaceMoved):
+                    where = e.to
+                    sessions.setdefault(where, set()).add(session_id)
+                elif isinstance(e, WorkspaceSnapshot):
+                    trees.setdefault(where, set()).add(e.tree)
     except (PersistenceError, OSError):
         return
     blobs = blob_store_for(store.backend)
@@ -289,6 +295,7 @@ def run_tui(args: argparse.Namespace, config: Any) -> int:
         session_config, unavailable = config, None
     from cairn.persistence.errors import PersistenceError
 
+    from .config.checks import ConfigError
     from .tui import CairnApp
 
     while True:
@@ -304,16 +311,23 @@ def run_tui(args: argparse.Namespace, config: Any) -> int:
         notice = None
         if choice.action == "open" and choice.session_id:
             try:  # the sessions screen never quits the app: a session that cannot be opened is said so there
-                opened = store.open_for_resume(choice.session_id)
-            except PersistenceError as e:
+                opened, session_config, unavailable, provider = tui_open_chosen(store, config, choice.session_id)
+            except (PersistenceError, ConfigError) as e:
                 opened, session_config, unavailable = None, config, None
                 notice = f"Cannot open session {choice.session_id}: {e}"
                 continue
-            session_config, unavailable, provider = tui_open_for(config, opened)
         else:
             provider = build_provider(config)
             opened = store.create(cwd=str(config.workspace), deferred=True)
             session_config, unavailable = config, None
+
+
+def tui_open_chosen(store: Any, config: Any, session_id: str) -> tuple[Any, Any, str | None, Any]:
+    """The session chosen on the sessions screen, opened (repaired) in its own workspace, with what `tui_open_for`
+    gives. A --workspace given at launch was meant for the new session then, so it never moves the one chosen now.
+    Raises PersistenceError or ConfigError (a workspace that no longer exists), for that screen to say."""
+    opened = store.open_for_resume(session_id)
+    return (opened, *tui_open_for(config, opened, may_move=False))
 
 
 def tui_config_for(config: Any, opened: Any) -> tuple[Any, str | None]:
@@ -326,15 +340,28 @@ def tui_config_for(config: Any, opened: Any) -> tuple[Any, str | None]:
     return session_config, unavailable
 
 
-def tui_open_for(config: Any, opened: Any) -> tuple[Any, str | None, Any]:
+def tui_open_for(config: Any, opened: Any, may_move: bool = True) -> tuple[Any, str | None, Any]:
     """The config a session opens with in the TUI, why its provider cannot be built (None: it can), and that provider
     (None when it cannot be built). Unlike `cairn run`, the TUI opens the session anyway: the resume screen and
-    verdicts need no model, and the app says what continuing needs when a prompt is sent."""
+    verdicts need no model, and the app says what continuing needs when a prompt is sent. Not so without a workspace:
+    the session runs in its own (SPEC §10), and one that no longer exists (none named, or `may_move` off) raises
+    ConfigError with the session closed again; an explicit --workspace moves it there, durably, first."""
     if opened is None:
         return config, None, None
-    from .config.checks import ConfigError
-    from .config.resolver import config_for_session
+    from cairn.persistence.store import move_workspace
 
+    from .config.checks import ConfigError
+    from .config.resolver import config_for_session, resumed_workspace
+
+    try:
+        config = resumed_workspace(config, opened.header, opened.events, may_move=may_move)
+        move_workspace(opened, config.workspace)
+    except BaseException:
+        try:  # (not compose.close_unused: the agent stack is imported after the first frame, P8)
+            opened.writer.close()
+        finally:
+            opened.lock.release()
+        raise
     try:
         session_config = config_for_session(config, opened.events)
     except ConfigError as e:

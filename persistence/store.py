@@ -22,7 +22,16 @@ from .errors import (
     SessionUnreadable,
     StoreUnavailable,
 )
-from .events import AnyEvent, SessionHeader, TurnEnd, TurnStart, UserMessage, encode_event, usage_totals
+from .events import (
+    AnyEvent,
+    SessionHeader,
+    TurnEnd,
+    TurnStart,
+    UserMessage,
+    WorkspaceMoved,
+    encode_event,
+    usage_totals,
+)
 from .ids import check_session_id, new_session_id
 from .jsonl import JsonlBackend
 from .locks import SessionLock, lock_holder
@@ -161,7 +170,7 @@ class SessionStore:
         try:
             writer, log = self.backend.open_writer(session_id)
             try:
-                repaired = repair_with_evidence(log.events, log.header.cwd)
+                repaired = repair_with_evidence(log.events, str(session_workspace(log.header, log.events)))
                 if repaired:
                     writer.append([(e.seq, encode_event(e)) for e in repaired], durable=True)
             except (OSError, sqlite_error()) as e:
@@ -181,7 +190,8 @@ class SessionStore:
         check_session_id(session_id)
         log = self.backend.load(session_id)
         holder = self._holder(session_id, log)
-        repair = [] if holder is not None else repair_with_evidence(log.events, log.header.cwd)
+        repair = [] if holder is not None else repair_with_evidence(log.events,
+                                                                    str(session_workspace(log.header, log.events)))
         return Inspection(log.header, log.events, repair, holder, log.torn_bytes)
 
     def _holder(self, session_id: str, log) -> int | None:
@@ -240,6 +250,34 @@ class SessionStore:
         return None
 
 
+def session_workspace(header: SessionHeader, events: list[AnyEvent]) -> Path:
+    """The directory a session works in (SPEC §10): the `cwd` it was created in, or where its last `workspace/moved`
+    took it. Every face resumes, snapshots and rewinds there, never in the directory it happens to be started from."""
+    for event in reversed(events):
+        if isinstance(event, WorkspaceMoved):
+            return Path(event.to)
+    return Path(header.cwd)
+
+
+def move_workspace(opened: OpenedSession, to: Path) -> WorkspaceMoved | None:
+    """Record that `opened` works in `to` from now on (`--workspace DIR` on a resume), durably and before the session
+    goes live, so no turn can run in the new place without the log saying so. None when it already works there."""
+    current = session_workspace(opened.header, opened.events)
+    if os.path.realpath(current) == os.path.realpath(to):
+        return None
+    moved = WorkspaceMoved(from_=str(current), to=str(to))
+    moved.seq = len(opened.events)
+    moved.time = max(time.time_ns() // 1_000_000, opened.events[-1].time if opened.events else 0)
+    try:
+        opened.writer.append([(moved.seq, encode_event(moved))], durable=True)
+    except (OSError, sqlite_error()) as e:
+        raise StoreUnavailable(
+            f"cannot record the move of session {opened.header.id!r} to {to}: {e}; nothing was changed, try again", e
+        ) from None
+    opened.events.append(moved)
+    return moved
+
+
 def repair_with_evidence(events: list[AnyEvent], workspace: str) -> list[AnyEvent]:
     """Repair's closing events (SPEC §4), then the `recovery/evidence` Cairn can gather about its OUTCOME_UNKNOWN calls
     by looking at the workspace now (§9), numbered after them: both are committed together on resume."""
@@ -266,7 +304,7 @@ def unreadable_reason(error: BaseException) -> str:
 def summarize(header: SessionHeader, events: list[AnyEvent], live: bool) -> SessionSummary:
     return SessionSummary(
         id=header.id,
-        cwd=header.cwd,
+        cwd=str(session_workspace(header, events)),
         created=header.created,
         updated=events[-1].time if events else header.created,
         events=len(events),

@@ -274,7 +274,8 @@ async def test_non_regular_files_are_listed_unreadable_and_never_block(tmp_path)
         assert_one_line(cairn(home, "show", session_id), 4, word)
         assert_one_line(cairn(home, "run", "--resume", session_id, "hi"), 4, word)
     assert cairn(home, "show", "good").returncode == 0
-    assert cairn(home, "run", "--resume", "good", "again").returncode == 0
+    # (its recorded workspace is fictitious: --workspace gives it a real one, SPEC §10)
+    assert cairn(home, "run", "--resume", "good", "--workspace", str(tmp_path), "again").returncode == 0
     assert stat.S_ISFIFO(os.lstat(home / "sessions" / "a-fifo.jsonl").st_mode)  # left as it was
 
 
@@ -369,7 +370,8 @@ async def test_sqlite_write_lock_held_elsewhere_is_exit_3_in_one_line(tmp_path):
         assert_one_line(cairn(home, "--backend", "sqlite", "run", "--resume", "s", "hi"), 3, "locked")
     finally:
         holder.close()
-    assert cairn(home, "--backend", "sqlite", "run", "--resume", "s", "hi").returncode == 0
+    resumed = cairn(home, "--backend", "sqlite", "run", "--resume", "s", "--workspace", str(tmp_path), "hi")
+    assert resumed.returncode == 0, resumed.stderr
 
 
 async def test_sqlite_busy_wait_on_the_event_loop_stays_short(tmp_path):
@@ -479,7 +481,7 @@ def test_corpus_case_gives_its_exit_code_in_one_line_and_the_good_session_still_
         assert rows[case]["reason"]
 
     show = cairn(home, "show", case)
-    resume = cairn(home, "run", "--resume", case, "go on")
+    resume = cairn(home, "run", "--resume", case, "--workspace", str(tmp_path), "go on")  # (/corpus is fictitious)
     for proc, code in ((show, expect["show"]), (resume, expect["resume"])):
         if code:
             assert_one_line(proc, code, f"{case}.jsonl")
@@ -488,7 +490,7 @@ def test_corpus_case_gives_its_exit_code_in_one_line_and_the_good_session_still_
     if expect["resume"]:
         assert (sessions / f"{case}.jsonl").read_bytes() == (CORPUS / f"{case}.jsonl").read_bytes()
     assert cairn(home, "show", "good").returncode == 0
-    assert cairn(home, "run", "--resume", "good", "still fine").returncode == 0
+    assert cairn(home, "run", "--resume", "good", "--workspace", str(tmp_path), "still fine").returncode == 0
 
 
 async def test_an_unreadable_session_is_never_the_latest_one_in_a_directory(tmp_path, monkeypatch):

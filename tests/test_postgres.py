@@ -150,11 +150,12 @@ async def test_a_writer_in_another_process_with_its_own_home_is_refused_by_the_d
         child.stderr.close()
 
     # no wait here: a holder that is a dead process of this machine is waited for until the server drops its lock
-    resumed = cli(tmp_path / "b", "run", "--resume", "shared", "--provider", "demo", "carry on", url=url, cwd=tmp_path)
+    resumed = cli(tmp_path / "b", "run", "--resume", "shared", "--provider", "demo", "--workspace", str(tmp_path),
+                  "carry on", url=url, cwd=tmp_path)  # (--workspace: its recorded one is fictitious, SPEC §10)
     assert resumed.returncode == 0, resumed.stderr
     types = stored_types(url, "shared")
     assert types[:5] == repaired_by_holder
-    assert types[5] == "turn/start" and types[-1] == "turn/end"
+    assert types[5:7] == ["workspace/moved", "turn/start"] and types[-1] == "turn/end"
 
 
 async def test_a_holder_on_another_host_is_named_with_its_host(tmp_path, pg):

@@ -84,7 +84,8 @@ async def test_a_live_writer_keeps_its_session_whatever_happens_to_its_lock_file
         holder.wait(timeout=20)
         holder.stderr.close()
 
-    resumed = cairn(home, backend_name, "run", "--resume", "s", "now it is free")  # the holder is gone: resumable
+    # the holder is gone: resumable (--workspace: the session's recorded one is fictitious, SPEC §10)
+    resumed = cairn(home, backend_name, "run", "--resume", "s", "--workspace", str(tmp_path), "now it is free")
     assert resumed.returncode == 0, resumed.stderr
     assert cairn(home, backend_name, "rm", "s").returncode == 0
     assert cairn(home, backend_name, "sessions", "--all", "--json").stdout == ""

@@ -1,5 +1,6 @@
-"""The status bar: session, provider/model, backend, turn state, what is allowed for the session (approval grants,
-revocable with /permissions), token usage and durability ("durable through seq N").
+"""The status bar: session, the session's workspace when it is not where Cairn was started (SPEC §10), provider/model,
+backend, turn state, what is allowed for the session (approval grants, revocable with /permissions), token usage and
+durability ("durable through seq N").
 
 Token usage is what the provider reported on `assistant/message.usage`: input (↑) and output (↓) tokens of the current
 (or last) turn and of the whole session. It is left out while nothing is known, e.g. with a server that sends no usage.
@@ -63,6 +64,7 @@ class StatusBar(Static):
     """
 
     session_id: reactive[str] = reactive("")
+    workspace: reactive[str] = reactive("")  # set only when the session works outside the current directory
     provider: reactive[str] = reactive("")
     backend: reactive[str] = reactive("")
     activity: reactive[str] = reactive("idle")
@@ -75,16 +77,19 @@ class StatusBar(Static):
         super().__init__(markup=False, **kwargs)  # type: ignore[arg-type]
 
     # The parts in the order they go when the line is too long: least important first. Durability ("durable through
-    # seq N") never goes and is never cut; the turn state goes last.
-    DROP_ORDER = (2, 1, 0, 5, 4)
+    # seq N") never goes and is never cut; the turn state goes last, the workspace (a session working elsewhere) just
+    # before it.
+    DROP_ORDER = (3, 2, 0, 6, 5, 1)
 
     def render(self) -> str:
         """All parts when they fit; on a narrow terminal the separators tighten, then parts go, least important first
-        (backend, provider, session id — all on the sessions screen — then usage, then grants), so the turn state and
-        durability stay; the turn state alone is shortened if even that is too long."""
+        (backend, provider, session id — all on the sessions screen — then usage, then grants, then the workspace), so
+        the turn state and durability stay; the turn state alone is shortened if even that is too long."""
         width = self.content_region.width or 1_000
         allowed = f"allowed: {self.grants}" if self.grants else ""
-        parts = [self.session_id, self.provider, self.backend, self.activity, allowed, self.usage, self.durability]
+        workspace = f"in {self.workspace}" if self.workspace else ""
+        parts = [self.session_id, workspace, self.provider, self.backend, self.activity, allowed, self.usage,
+                 self.durability]
         line = "  │  ".join(p for p in parts if p)
         dropped: set[int] = set()
         for index in (None, *self.DROP_ORDER):

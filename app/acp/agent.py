@@ -7,8 +7,8 @@ One ACP session is one Cairn session (same id), composed, checkpointed and repai
 |-------------------|------------------------------------------------------------------------------------------------|
 | initialize        | protocol 1; `loadSession`, `sessionCapabilities.list`; prompts: text and resource links only   |
 | session/new       | a new session whose workspace is `cwd`; then (after the answer) the slash commands             |
-| session/load      | opens the session cold (repair committed durably first), replays it, its title, then answers  |
-|                   | — refused when `cwd` is not the session's own workspace                                        |
+| session/load      | opens the session cold (repair committed durably first), replays it, its title, then answers   |
+|                   | — in its own workspace (SPEC §10) whatever `cwd` says; a message says so when they differ      |
 | session/list      | the sessions whose cwd is `cwd` (all when omitted), newest first, in one page                  |
 | session/prompt    | one turn (updates follow the loop's events, updates.py), or a slash command answered directly  |
 | session/set_mode  | approval mode: `ask` (default), `accept-edits` (file changes without asking), `bypass`         |
@@ -36,9 +36,9 @@ Reasoning streams as `agent_thought_chunk` updates (and is replayed by session/l
 provider goes out as the turn's `PromptResponse.usage` (unstable in ACP). There is no `usage_update` session update:
 that one describes the context window's fill (`used`/`size`), which Cairn does not track per session.
 
-Errors when opening a session: unknown id → -32002 (ACP's "resource not found"); malformed id, missing cwd, another
-session's cwd → -32602; locked by another process, corrupt or unsupported log → -32603; each with the same one-line
-message the CLI prints.
+Errors when opening a session: unknown id → -32002 (ACP's "resource not found"); malformed id, missing cwd, a session
+whose workspace no longer exists → -32602; locked by another process, corrupt or unsupported log → -32603; each with
+the same one-line message the CLI prints.
 
 Not supported, so not advertised: image, audio and embedded-context prompts (a text resource that is sent anyway is
 inlined, a binary one only named); the client's file system and terminals (tools act on the workspace directly);
@@ -101,7 +101,7 @@ from cairn.persistence.store import OpenedSession, SessionStore
 from cairn.version import __version__
 
 from ..agent.loop import TurnResult
-from ..config.resolver import Config
+from ..config.resolver import Config, ConfigError, resumed_workspace
 from ..render import USAGE_FIELDS, first_line, format_time, format_usage
 from .session import SessionHost, mode_state, pending_text
 from .updates import attachment_name, looks_binary, replay, session_title, shown_prompt, wire
@@ -177,16 +177,15 @@ class CairnAgent:
         host = self.sessions.get(session_id)
         if host is not None and host.agent is not None:  # already open in this process: replay it as it stands
             skipped = []  # it keeps the servers it was opened with
-            self._same_workspace(session_id, str(host.config.workspace), config)
             history = list(host.agent.session.events)
         else:
             opened = self._open(lambda: self.store.open_for_resume(session_id))
-            try:
-                self._same_workspace(session_id, opened.header.cwd, config)
-            except RequestError:
+            try:  # its own workspace, never the client's cwd; no ACP field means "move it" (SPEC §10)
+                config = resumed_workspace(config, opened.header, opened.events, may_move=False)
+            except ConfigError as e:
                 opened.writer.close()
                 opened.lock.release()
-                raise
+                raise error(INVALID_PARAMS, str(e), sessionId=session_id) from None
             history = list(opened.events)  # repair included, already durable
             host = await self._start(opened, config)
             known = {m.id for m in mode_state(host.mode).available_modes}  # (a log is outside input)
@@ -200,6 +199,9 @@ class CairnAgent:
             return tool.safety if tool is not None else None
 
         await host.replay(replay(history, host.config.workspace, safety_of))
+        if host.config.workspace != Path(cwd).resolve():
+            host.say(f"This session works in its own workspace, {host.config.workspace} (not {cwd}): its tools, "
+                     "snapshots and rewinds run there.")
         title = session_title(history)
         if title:
             host.pump.put(SessionInfoUpdate(session_update="session_info_update", title=title))
@@ -242,7 +244,7 @@ class CairnAgent:
         agent = host.agent
         if agent is None or agent.loop.busy:
             raise error(INVALID_PARAMS, "the profile is switched between turns: wait for this one to end")
-        from ..config.resolver import ConfigError, make_provider, provider_secrets
+        from ..config.resolver import make_provider, provider_secrets
         from ..slash_commands import profile_config
 
         try:
@@ -283,11 +285,6 @@ class CairnAgent:
             log.warning("session %s: MCP servers not used: %s", host.id, names)
             host.say(f"Cairn cannot use these MCP servers in this session: {names}. Their tools are not available; "
                      "every other tool is.")
-
-    def _same_workspace(self, session_id: str, stored: str, config: Config) -> None:
-        if Path(stored).resolve() != config.workspace:
-            raise error(INVALID_PARAMS, f"session {session_id!r} belongs to {stored}, not {config.workspace}; open it "
-                        "from its own directory", sessionId=session_id, cwd=stored)
 
     async def list_sessions(self, cwd: str | None = None, cursor: str | None = None,
                             **kwargs: Any) -> ListSessionsResponse:
@@ -408,7 +405,9 @@ class CairnAgent:
         workspace = Path(cwd).expanduser()
         if not workspace.is_absolute() or not workspace.is_dir():
             raise error(INVALID_PARAMS, f"cwd {cwd!r} must be an absolute path to an existing directory", cwd=cwd)
-        return dataclasses.replace(self.config, workspace=workspace.resolve())
+        # the client's cwd is where it stands, not an operator's --workspace: it never moves a loaded session
+        return dataclasses.replace(self.config, workspace=workspace.resolve(),
+                                   sources={**self.config.sources, "workspace": "the client's cwd"})
 
     def _open(self, opener: Callable[[], OpenedSession]) -> OpenedSession:
         try:

@@ -173,7 +173,7 @@ class _Waiter:
 class SessionHost:
     def __init__(self, conn: Any, config: Config, opened: OpenedSession) -> None:
         self.conn = conn
-        self.config = config  # its workspace is the ACP session's cwd
+        self.config = config  # its workspace is the session's own (SPEC §10), not necessarily the client's cwd
         self.opened = opened
         self.id = opened.header.id
         self.pump = UpdatePump(conn, self.id)

@@ -7,7 +7,9 @@ whatever the provider configuration says; whether the chosen provider can actual
 for a hosted endpoint) is checked by `make_provider`, which runs after a resumed session's own provider is known.
 
 An API key is read here and handed only to the provider; it is never put in the config's printable form, an event, or a
-file.
+file. Nor does a tool see it (SPEC §10 rev 4): every key variable named here (each profile's `api_key_env` too) and
+every secret value learned here (the key, the database URL and its password, credentials in a base URL) is passed to
+`tools.command.withhold`, which keeps them out of `run_command`'s environment.
 """
 
 from __future__ import annotations
@@ -163,6 +165,9 @@ def resolve_config(
                     config_file=file.path if file else None, profile=chosen_profile.name if chosen_profile else None)
     if not runs_model:
         return config
+    # every profile's key, not only the chosen one's: a tool has no business with any key Cairn was given
+    profile_keys = [p.settings.get("api_key_env") for p in file.profiles.values()] if file else []
+    withhold_from_tools(profile_keys, [database_url, *database_secrets(database_url)])
 
     explicit_profile = chosen_profile is not None and sources.get("profile", "").startswith(("flag", "env"))
 
@@ -223,7 +228,16 @@ def with_api_key(config: Config, option: str | None = None) -> Config:
     else:
         key, variable, source = None, None, "not used"
     config.sources["api_key"] = source if key or source == "not used" else f"{source}: not set"
+    withhold_from_tools([config.api_key_env, variable], [key])
     return dataclasses.replace(config, api_key=key or None, api_key_env=variable)
+
+
+def withhold_from_tools(names: Iterable[str | None], values: Iterable[str | None] = ()) -> None:
+    """Key variables and secret values no tool may inherit (see the module docstring). Imported here, not at the
+    top: commands that run no model (`show`, `sessions`) never load the tools."""
+    from ..tools.command import withhold
+
+    withhold(names, values)
 
 
 class _Picker:
@@ -358,6 +372,36 @@ def last_request_header(events: Iterable[Any]) -> Any | None:
     return last
 
 
+RESUMED_WORKSPACE = "the resumed session"  # sources["workspace"] when a resume took the session's own directory
+
+
+def workspace_explicit(config: Config) -> bool:
+    """Whether the operator named the workspace (--workspace, or the API's `workspace=`): only then does a resume move
+    the session; otherwise the directory Cairn started in is just where the operator happens to be."""
+    return config.sources.get("workspace", "default").startswith(("flag", "option"))
+
+
+def resumed_workspace(config: Config, header: Any, events: list[Any], *, may_move: bool = True) -> Config:
+    """The config a resumed session works in (SPEC §10: a session belongs to its workspace): its own (header `cwd`, or
+    its last `workspace/moved`), not the current directory; marked in `sources` so every face can say so. With
+    `may_move` and an explicit workspace, that one instead: the caller records the move (`store.move_workspace`)
+    before the session goes live. A recorded workspace that no longer exists, with none named, is a ConfigError."""
+    from cairn.persistence.store import session_workspace
+
+    if may_move and workspace_explicit(config):
+        return config
+    recorded = session_workspace(header, events)
+    if not recorded.is_dir():
+        raise ConfigError(
+            f"session {header.id} works in {recorded}, which no longer exists: "
+            "resume it with --workspace DIR to move it"
+        )
+    own = recorded.resolve()
+    if own == config.workspace:
+        return config
+    return dataclasses.replace(config, workspace=own, sources={**config.sources, "workspace": RESUMED_WORKSPACE})
+
+
 def config_for_session(config: Config, events: Iterable[Any]) -> Config:
     """The config a resumed session continues with: the provider and model of its last `request/header`, unless an
     option or variable chose them (a profile chosen with --profile / CAIRN_PROFILE counts as chosen; the file's
@@ -472,6 +516,7 @@ def make_provider(config: Config):  # -> Provider
     ))
     # an explicit max_tokens is sent as set; the default one is kept inside a window the server reports
     provider.max_tokens_explicit = config.sources.get("max_tokens", "default") != "default"
+    withhold_from_tools([], provider_secrets(provider))  # the key as sent, and credentials in the base URL
     return provider
 
 

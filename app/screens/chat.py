@@ -45,7 +45,7 @@ from cairn.widgets.terminal_text import safe_text
 from cairn.widgets.transcript import Notice, Transcript
 
 from .. import quiet_gc, slash_commands
-from ..config.resolver import Config
+from ..config.resolver import RESUMED_WORKSPACE, Config
 from ..history import PromptHistory, history_path
 
 if TYPE_CHECKING:  # the agent stack (loop, tools, providers, MCP) is imported after the first frame (P8)
@@ -183,6 +183,7 @@ class ChatScreen(Screen[None]):
     async def on_mount(self) -> None:
         status = self.query_one(StatusBar)
         status.session_id = self.session.id
+        status.workspace = str(self.config.workspace) if self.works_elsewhere else ""
         self._host_suffix = self._other_host()  # as the session opened; a later /model switch names its own server
         status.provider = self._provider_label()
         status.backend = self.config.backend
@@ -220,6 +221,11 @@ class ChatScreen(Screen[None]):
             prompt.focus()
             self._settle_interrupted_rewind()
 
+    @property
+    def works_elsewhere(self) -> bool:
+        """A resumed session of another directory runs in its own (SPEC §10): the status bar and resume screen say so."""
+        return self.config.sources.get("workspace") == RESUMED_WORKSPACE
+
     def _provider_label(self) -> str:
         """`provider/model`, the other host if any, and the context window when the server said it (`ctx 8.2k
         (server)`: SPEC §7 rev 3)."""
@@ -250,7 +256,8 @@ class ChatScreen(Screen[None]):
         from .resume import ResumeScreen, ended_by_cancel
 
         return ResumeScreen(self.session.id, calls, prompt, text, workspace=self.config.workspace,
-                            cancelled=ended_by_cancel(self.session.events), save_verdict=self._save_verdict)
+                            elsewhere=self.works_elsewhere, cancelled=ended_by_cancel(self.session.events),
+                            save_verdict=self._save_verdict)
 
     async def _save_verdict(self, call_id: str, verdict: str, note: str) -> None:
         """An operator's verdict, durable before its dialog closes (SPEC §2 rev 3); raises CheckpointFailed."""

@@ -174,7 +174,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
     ]
 
     def __init__(self, session_id: str, calls: list[RecoveredCall], prompt: str, last_text: str,
-                 workspace: Path | str = ".", cancelled: bool = False,
+                 workspace: Path | str = ".", elsewhere: bool = False, cancelled: bool = False,
                  save_verdict: Callable[[str, str, str], Awaitable[None]] | None = None) -> None:
         super().__init__()
         self.session_id = session_id
@@ -183,6 +183,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         self.prompt = prompt
         self.last_text = last_text
         self.workspace = Path(workspace)
+        self.elsewhere = elsewhere  # the session's workspace is not the current directory: said above the prompt
         self.cancelled = cancelled
         self._saving = False
         self._key_times: list[float] = []  # recent printable keys: `e` in a burst of typing decides nothing
@@ -208,6 +209,9 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         with Vertical():
             yield Label(title, id="title")
             with VerticalScroll(id="context"):
+                if self.elsewhere:
+                    yield Static(Text(safe_text(f"Runs in {self.workspace} (this session's workspace, not the current "
+                                                "directory)")), id="workspace", markup=False)
                 yield Static(Text(safe_text(f"Interrupted prompt: {self.prompt or '—'}")), markup=False)
                 yield Static("Last text:", markup=False)
                 yield Markdown(safe_text(self.last_text or "—"))
