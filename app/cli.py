@@ -156,7 +156,6 @@ def collect_before_images(store: Any) -> None:
     read keeps everything (its needs are unknown)."""
     from cairn.persistence.blobs import blob_store_for, names_needed
     from cairn.persistence.errors import PersistenceError
-
     from cairn.persistence.events import WorkspaceMoved, WorkspaceSnapshot
 
     needed: set[str] = set()
@@ -172,8 +171,8 @@ def collect_before_images(store: Any) -> None:
                 if isinstance(e, WorkspaceMoved):
                     where = e.to
                     sessions.setdefault(where, set()).add(session_id)
-                elif isinstance(e, WorkspaceSnapshot):
-                    trees.setdefault(where, set()).add(e.tree)
+                elif isinstance(e, WorkspaceSnapshot):  # its tree and the manifest of what it left out
+                    trees.setdefault(where, set()).update(x for x in (e.tree, e.manifest) if x)
     except (PersistenceError, OSError):
         return
     blobs = blob_store_for(store.backend)

@@ -498,7 +498,8 @@ def test_rewind_then_undo_from_the_dialog_puts_everything_back(tmp_path):
             await wait_for(pilot, lambda: "the conversation continues from before turn 1" in notices(app), "rewound")
             assert not (SNAPSHOT_WORKSPACE / "new.txt").exists()
             assert (SNAPSHOT_WORKSPACE / "app.log").exists() and (SNAPSHOT_WORKSPACE / "mine.txt").exists()
-            dialog = await open_by_slash(pilot, app)
+            app.chat.query_one(PromptInput).clear()  # the rewound turn's prompt waits there to be sent again
+            await open_by_slash(pilot, app)
             assert "Undo the last rewind [u]" in screen_text(app)
             await pilot.press("u")
             await wait_for(pilot, lambda: "undid the last rewind" in notices(app), "undone")

@@ -336,3 +336,21 @@ def test_snapshot_objects_and_their_directories_are_synced_before_the_snapshot_r
     for name in objects:
         assert str(repo.git_dir / "objects" / name[:2]) in synced, name
     assert str(repo.git_dir / "objects") in synced
+
+
+def test_rm_keeps_the_manifests_a_remaining_session_needs(tmp_path):
+    world = snapshot_world(tmp_path)
+    (world.ws / ".gitignore").write_text("keep.log\n")
+    (world.ws / "keep.log").write_text("log\n")
+    world.turn("one", run("rm .gitignore"), sid="gone")
+    world.turn("two", run("echo x > x.txt"), sid="s")
+    assert world.cairn("rm", "gone").returncode == 0
+    shots = [e for e in world.events("s") if e["type"] == "workspace/snapshot"]
+    (repo,) = (world.home / "snapshots").glob("*.git")
+    for shot in shots:
+        for name in (shot["tree"], shot["manifest"]):
+            found = subprocess.run(["git", "cat-file", "-e", name], env={"GIT_DIR": str(repo), "PATH": os.environ["PATH"]})
+            assert found.returncode == 0, name
+    proc = world.cairn("rewind", "s", "--turn", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert not (world.ws / "x.txt").exists() and (world.ws / "keep.log").exists()

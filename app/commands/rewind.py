@@ -74,13 +74,17 @@ async def _dry_run(args: argparse.Namespace, config: Any, store: Any) -> int:
     import anyio.to_thread
 
     from cairn.persistence.blobs import blob_store_for
+    from cairn.persistence.store import session_workspace
 
     from ..agent.rewind import pending_rewind, pending_text, plan_lines, plan_rewind, plan_undo
     from ..compose import workspace_snapshots
 
     inspection = store.inspect(args.session_id)
     events = inspection.events + inspection.repair
-    workspace = _workspace_of(inspection.header, events)
+    workspace = session_workspace(inspection.header, events)
+    if not workspace.is_dir():
+        return fail(f"session {args.session_id}'s workspace {workspace} no longer exists (cairn resume "
+                    f"{args.session_id} --workspace DIR moves it)", EXIT_USAGE)
     pending = pending_rewind(events)
     if pending is not None:
         return fail(pending_text(*pending, args.session_id), EXIT_USAGE)
@@ -100,17 +104,10 @@ async def _dry_run(args: argparse.Namespace, config: Any, store: Any) -> int:
     return EXIT_OK
 
 
-def _workspace_of(header: Any, events: list[Any]) -> Path:
-    """The session's own workspace: where it was created, or where it last moved to (SPEC §10)."""
-    from cairn.persistence.events import WorkspaceMoved
-
-    moved = next((e.to for e in reversed(events) if isinstance(e, WorkspaceMoved)), None)
-    return Path(moved or header.cwd)
-
-
 async def _rewind(args: argparse.Namespace, config: Any, store: Any) -> int:
     from cairn.persistence.blobs import blob_store_for
     from cairn.persistence.session import LiveSession
+    from cairn.persistence.store import session_workspace
 
     from ..agent.rewind import abandon_rewind, describe, finish_rewind, pending_rewind, pending_text, rewind, undo_rewind
     from ..compose import workspace_snapshots
@@ -119,10 +116,10 @@ async def _rewind(args: argparse.Namespace, config: Any, store: Any) -> int:
     blobs = blob_store_for(store.backend)
     try:
         async with LiveSession(opened) as session:
-            workspace = _workspace_of(session.header, session.events)
+            workspace = session_workspace(session.header, session.events)
             if not workspace.is_dir():
-                return fail(f"session {session.id}'s workspace {workspace} no longer exists: nothing was rewound",
-                            EXIT_USAGE)
+                return fail(f"session {session.id}'s workspace {workspace} no longer exists: nothing was rewound "
+                            f"(cairn resume {session.id} --workspace DIR moves it)", EXIT_USAGE)
             repo = workspace_snapshots(config, None, workspace, session.id, holds_secret=session.holds_secret)
             pending = pending_rewind(session.events)
             if args.abandon:
@@ -148,6 +145,7 @@ async def _rewind(args: argparse.Namespace, config: Any, store: Any) -> int:
 
 def fork_command(args: argparse.Namespace, store: Any) -> int:
     from cairn.persistence.events import TurnStart, encode_event
+    from cairn.persistence.store import session_workspace
 
     inspection = store.inspect(args.session_id)
     events = inspection.events + inspection.repair
@@ -156,7 +154,9 @@ def fork_command(args: argparse.Namespace, store: Any) -> int:
         if cut is None:
             return fail(f"there is no turn {args.turn} in session {args.session_id}", EXIT_USAGE)
         events = events[:cut]
-    opened = store.create(inspection.header.cwd, session_id=args.new_id)
+    # the fork works where its history did: snapshots taken before a move never apply to another place, and the
+    # copied history keeps its workspace/moved events, so the fork's own header names the same directory
+    opened = store.create(str(session_workspace(inspection.header, events)), session_id=args.new_id)
     try:
         if events:
             opened.writer.append([(e.seq, encode_event(e)) for e in events], durable=True)

@@ -411,15 +411,19 @@ class ChatScreen(Screen[None]):
                                           self._snapshots()), chosen)
 
     async def _rewind(self, choice: Any) -> None:
-        from ..agent.rewind import RewindRefused, describe, rewind
+        from ..agent.rewind import RewindRefused, describe, rewind, undo_rewind
 
         try:
             if not self._idle():
                 await self._say("A turn started meanwhile: nothing was rewound.", "-warning")
                 return
             try:
-                outcome = await rewind(self.session, self.config.workspace, self._blob_store(), choice.to_turn,
-                                       choice.scope, force=choice.force, repo=self._snapshots())
+                if choice.undo:
+                    outcome = await undo_rewind(self.session, self.config.workspace, self._blob_store(),
+                                                force=choice.force, repo=self._snapshots())
+                else:
+                    outcome = await rewind(self.session, self.config.workspace, self._blob_store(), choice.to_turn,
+                                           choice.scope, force=choice.force, repo=self._snapshots())
             except RewindRefused as e:
                 if not e.changed or choice.force:
                     await self._say(f"Nothing was rewound: {e}", "-warning")
@@ -439,7 +443,7 @@ class ChatScreen(Screen[None]):
                                     "-warning")
                 return
             await self._say("\n".join(describe(outcome)), "-warning" if outcome.skipped else "")
-            if outcome.conversation:
+            if outcome.conversation and not outcome.undo:
                 self._repropose(choice.to_turn)
         finally:
             self.rewinding = False
