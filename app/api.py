@@ -24,7 +24,11 @@ Provider settings come as with the CLI (option, then environment, then the confi
 Cairn's file tools changed go back to their content before turn 2 and the next `run` continues the conversation from
 before it (`scope="files"` or `"conversation"` for one of the two). It returns the lines an operator reads (what was
 restored, what was not and why, which turns ran commands whose changes are not restored) and raises `RewindRefused`,
-with nothing changed, for an unknown turn or a file changed outside Cairn since it wrote it (`force=True` overwrites).
+with nothing changed, for an unknown turn or a path a turn changed that someone else changed after it (`force=True`
+overwrites). Rev 4 (§10): only what the rewound turns changed goes back; what the operator changed between turns, and
+what Cairn never captured, is left alone and named. `await session.rewind_undo()` puts files and conversation back as
+they were just before the most recent rewind (same crash safety). While a rewind a crash interrupted is not settled,
+`run` starts no turn: it returns a `TurnResult` with error code `REWIND_PENDING`.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ __all__ = ["open_session", "Agent", "Session", "ApprovalRequest", "TurnResult", 
 
 @dataclass
 class Session(Agent):
-    """What `open_session` yields: the composed agent (`run`, `id`, `session`, `loop`, …) plus `rewind`."""
+    """What `open_session` yields: the composed agent (`run`, `id`, `session`, `loop`, …) plus `rewind` and
+    `rewind_undo`."""
 
     async def rewind(self, turn: int, scope: Scope = "both", force: bool = False) -> list[str]:
         """Undo turn `turn` and later (see the module docstring); returns what happened, as readable lines."""
@@ -58,6 +63,17 @@ class Session(Agent):
         assert self.config is not None  # (open_agent always sets it: the session's own workspace, SPEC §10)
         outcome = await rewind(self.session, self.config.workspace, blobs, turn, scope, force=force,
                                repo=self.loop.snapshots)
+        return describe(outcome)
+
+    async def rewind_undo(self, force: bool = False) -> list[str]:
+        """Undo the most recent rewind: what it changed goes back to what it held just before (SPEC §10)."""
+        from .agent.rewind import describe, undo_rewind
+
+        if self.loop.busy:
+            raise RewindRefused("a turn is running: undo a rewind between turns")
+        blobs = self.loop.blobs() if self.loop.blobs is not None else None
+        assert self.config is not None
+        outcome = await undo_rewind(self.session, self.config.workspace, blobs, force=force, repo=self.loop.snapshots)
         return describe(outcome)
 
 

@@ -414,7 +414,8 @@ def sessions_command(args: argparse.Namespace, config: Any) -> int:
     for s in summaries:
         what = s.first_prompt if s.status != "unreadable" else f"({s.reason})"
         size = human_size(s.size) if s.size is not None else "?"
-        row = (s.id, s.status, str(s.events), size, format_time(s.updated), s.cwd, first_line(what, 50))
+        status = f"{s.status} (rewind pending)" if s.rewind_pending else s.status
+        row = (s.id, status, str(s.events), size, format_time(s.updated), s.cwd, first_line(what, 50))
         rows.append(tuple(safe_text(cell) for cell in row))
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
@@ -435,6 +436,14 @@ def show_command(args: argparse.Namespace, config: Any) -> int:
     if inspection.torn_bytes:
         print(f"cairn: {inspection.torn_bytes} bytes of a torn last line are not shown", file=sys.stderr)
     events = inspection.events + inspection.repair
+    from cairn.persistence.store import rewind_pending
+
+    if rewind_pending(events):  # SPEC §10: an interrupted rewind blocks everything else; every face says so
+        from .agent.rewind import pending_rewind, pending_text
+
+        found = pending_rewind(events)
+        assert found is not None
+        print(safe_text(f"cairn: {pending_text(*found, args.session_id)}"), file=sys.stderr)
     if args.json:
         out = sys.stdout.buffer
         for e in events:

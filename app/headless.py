@@ -154,6 +154,12 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
         mcp_waiting=lambda names: note(f"cairn: waiting for MCP server {', '.join(names)} to start"),
     ) as agent:
         session = agent.session
+        if agent.loop.pending_rewind() is not None:  # nothing else runs until it is settled (SPEC §10)
+            from .agent.rewind import pending_rewind, pending_text
+
+            found = pending_rewind(session.events)
+            assert found is not None
+            return fail(pending_text(*found, session.id), EXIT_USAGE)
         if args.json:
             sys.stdout.buffer.write(safe_json(session_line(agent)) + b"\n")
             sys.stdout.buffer.flush()

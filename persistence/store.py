@@ -24,6 +24,8 @@ from .errors import (
 )
 from .events import (
     AnyEvent,
+    RewindEnd,
+    RewindPlan,
     SessionHeader,
     TurnEnd,
     TurnStart,
@@ -91,6 +93,7 @@ class SessionSummary(msgspec.Struct):
     reason: str | None = None  # why an `unreadable` session cannot be read (None for every other status)
     usage: dict[str, int | None] | None = None  # input/output tokens summed over its answers (null: never reported)
     size: int | None = None  # bytes the session takes in its backend (None: unknown)
+    rewind_pending: bool = False  # (rev 4 §10) a rewind was interrupted: nothing else runs until it is settled
 
 
 class DeferredWriter(Writer):
@@ -311,7 +314,19 @@ def summarize(header: SessionHeader, events: list[AnyEvent], live: bool) -> Sess
         status="live" if live else ending_status(events),
         first_prompt=next((e.text for e in events if isinstance(e, UserMessage)), ""),
         usage=usage_totals(events),
+        rewind_pending=rewind_pending(events),
     )
+
+
+def rewind_pending(events: list[AnyEvent]) -> bool:
+    """Whether a rewind plan has no end: a rewind a crash interrupted, to be finished or abandoned (SPEC §10)."""
+    open_plans: set[str] = set()
+    for e in events:
+        if isinstance(e, RewindPlan):
+            open_plans.add(e.rewind_id)
+        elif isinstance(e, RewindEnd):
+            open_plans.discard(e.rewind_id)
+    return bool(open_plans)
 
 
 def ending_status(events: list[AnyEvent]) -> str:

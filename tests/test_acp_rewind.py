@@ -98,3 +98,49 @@ async def test_rewind_over_acp_refuses_a_file_changed_outside_then_restores_file
     rewind = next(e for e in events if e["type"] == "conversation/rewind")
     assert rewind["to_turn"] == 2
     assert not any(e["type"] == "user/message" and e["text"].startswith("/rewind") for e in events)
+
+
+async def test_rewind_undo_and_dry_run_over_acp(rig):
+    """SPEC §10: `/rewind N --dry-run` shows the plan and changes nothing; `/rewind --undo` takes a rewind back."""
+    script_turns(rig, "ud")
+    client = RecordingClient()
+    with OpenAIServer([text("ok")]) as server:
+        env = {"CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": server.base_url}
+        async with connect(rig, client, env) as agent:
+            await agent.conn.load_session(cwd=str(rig.ws), session_id="ud")
+            await prompt(agent.conn, "ud", "/rewind 2 --dry-run")
+            dry = said(client)
+            after_dry = ((rig.ws / "a.txt").read_text(), (rig.ws / "b.txt").exists())
+            await prompt(agent.conn, "ud", "/rewind 2")
+            rewound = ((rig.ws / "a.txt").read_text(), (rig.ws / "b.txt").exists())
+            await prompt(agent.conn, "ud", "/rewind --undo")
+            undone = said(client)
+            back = ((rig.ws / "a.txt").read_text(), (rig.ws / "b.txt").read_text())
+    assert dry.startswith("dry run: rewind to before turn 2") and "delete: b.txt" in dry
+    assert after_dry == ("two\n", True)
+    assert rewound == ("one\n", False)
+    assert undone.startswith("undid the last rewind") and back == ("two\n", "bee\n")
+    kinds = [e["type"] for e in rig.show("ud")]
+    assert kinds.count("rewind/plan") == 2 and kinds.count("rewind/end") == 2  # the dry run planned nothing
+
+
+async def test_a_prompt_over_acp_waits_for_an_interrupted_rewind(rig):
+    """SPEC §10: an interrupted rewind blocks every prompt until it is finished or abandoned, and ACP says so."""
+    script_turns(rig, "pr")
+    child = rig.spawn("rewind", "pr", "--turn", "2", failpoint="rewind-planned")
+    child.wait_failpoint("rewind-planned", "pr")
+    child.kill()
+    client = RecordingClient()
+    with OpenAIServer([text("should not be asked")]) as server:
+        env = {"CAIRN_PROVIDER": "openai", "CAIRN_BASE_URL": server.base_url}
+        async with connect(rig, client, env) as agent:
+            await agent.conn.load_session(cwd=str(rig.ws), session_id="pr")
+            refused = await prompt(agent.conn, "pr", "carry on")
+            told = said(client)
+            await prompt(agent.conn, "pr", "/rewind --abandon")
+            await prompt(agent.conn, "pr", "carry on")
+            asked = len(server.requests)
+    assert refused.stop_reason == "end_turn" and "was interrupted" in told and "/rewind --finish" in told
+    assert asked == 1  # only the prompt after --abandon reached the model
+    starts = [e for e in rig.show("pr") if e["type"] == "turn/start"]
+    assert len(starts) == 4

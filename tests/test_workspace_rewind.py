@@ -354,3 +354,58 @@ def test_rm_keeps_the_manifests_a_remaining_session_needs(tmp_path):
     proc = world.cairn("rewind", "s", "--turn", "1")
     assert proc.returncode == 0, proc.stderr
     assert not (world.ws / "x.txt").exists() and (world.ws / "keep.log").exists()
+
+
+def test_an_interrupted_rewind_blocks_a_new_turn_and_every_face_says_so(tmp_path):
+    """The issue's fourth finding: show, sessions and run --resume said nothing and a new turn ran; --finish then
+    applied the stale plan over it. Now every face names the pending rewind and no turn starts until it is settled."""
+    world = snapshot_world(tmp_path)
+    world.turn("one", write("a.txt", "one\n"))
+    world.crash_at("rewind-planned", "rewind", "s", "--turn", "1")
+    before = world.events()
+    shown = world.cairn("show", "s")
+    assert shown.returncode == 0 and "rewind to before turn 1 was interrupted" in shown.stderr
+    listed = json.loads(world.cairn("sessions", "--json").stdout.splitlines()[0])
+    assert listed["rewind_pending"] is True
+    assert "(rewind pending)" in world.cairn("sessions").stdout
+    refused = world.cairn("run", "--script", world.script(write("new.txt", "x\n")), "--yes", "--resume", "s", "go")
+    assert refused.returncode == 2 and "was interrupted" in refused.stderr and "--finish" in refused.stderr
+    assert not (world.ws / "new.txt").exists()
+    assert [e for e in world.events() if e["type"] == "turn/start"] == [e for e in before if e["type"] == "turn/start"]
+    abandoned = world.cairn("rewind", "s", "--abandon")
+    assert abandoned.returncode == 0 and (world.ws / "a.txt").read_text() == "one\n"
+    assert json.loads(world.cairn("sessions", "--json").stdout.splitlines()[0])["rewind_pending"] is False
+    world.turn("two", write("new.txt", "x\n"))
+
+
+def test_the_python_api_undoes_a_rewind_and_refuses_a_turn_while_one_is_pending(tmp_path):
+    import anyio
+
+    from cairn import open_session
+    from cairn.app.agent.loop import REWIND_PENDING
+
+    world = snapshot_world(tmp_path)
+    world.turn("one", write("a.txt", "one\n"))
+    world.turn("two", write("a.txt", "two\n"))
+    os.environ.pop("CAIRN_FAILPOINT", None)
+
+    async def main() -> tuple[list[str], list[str]]:
+        async with open_session(resume="s", home=str(world.home), provider="script",
+                                script=world.script(), approve=True) as session:
+            rewound = await session.rewind(2)
+            assert (world.ws / "a.txt").read_text() == "one\n"
+            undone = await session.rewind_undo()
+            return rewound, undone
+
+    rewound, undone = anyio.run(main)
+    assert rewound[0].startswith("restored to before turn 2") and undone[0].startswith("undid the last rewind")
+    assert (world.ws / "a.txt").read_text() == "two\n"
+    world.crash_at("rewind-planned", "rewind", "s", "--turn", "2")
+
+    async def blocked():
+        async with open_session(resume="s", home=str(world.home), provider="script",
+                                script=world.script(), approve=True) as session:
+            return await session.run("go on")
+
+    result = anyio.run(blocked)
+    assert result.reason == "error" and result.error.code == REWIND_PENDING

@@ -17,11 +17,13 @@ One ACP session is one Cairn session (same id), composed, checkpointed and repai
 Slash commands (offered with `available_commands_update`): `/verdict <call_id> happened|did_not_happen|unknown
 [note]` records an operator's verdict on an OUTCOME_UNKNOWN call as `recovery/verdict` between turns, as the TUI's
 resume screen does, so the model sees it in the next request; `/usage` and `/sessions` answer with a short message; `/compact` has the next request compacted first.
-`/rewind N [--files | --conversation] [--force]` (SPEC §9 rev 3) takes turns N and later back between turns: the files
-Cairn's file tools changed go back to their content before turn N (a file changed outside Cairn since is named and
-left alone unless `--force`), and the conversation continues from before turn N; the answer is what was restored,
-what was not and why, and which turns ran commands whose changes are not restored. A rewind a crash interrupted is
-named when the session is loaded and settled with `/rewind --finish` or `/rewind --abandon`.
+`/rewind N [--files | --conversation] [--force] [--dry-run]` (SPEC §9 rev 3, §10 rev 4) takes turns N and later back
+between turns: what those turns changed goes back (a path someone else changed after a turn did is named and left
+alone unless `--force`; what the operator changed between turns and what Cairn never captured are left alone and
+named), and the conversation continues from before turn N; the answer is what was restored, what was not and why.
+`/rewind --undo` takes the most recent rewind back; `--dry-run` answers with the plan only. A rewind a crash
+interrupted is named when the session is loaded, blocks every prompt until settled, and is settled with
+`/rewind --finish` or `/rewind --abandon`.
 The first prompt names the session (`session_info_update`, and the title in `session/list`).
 
 Stop reasons: a completed turn → `end_turn`; a cancelled one (`session/cancel`, a dismissed permission request, or
@@ -119,10 +121,11 @@ COMMANDS = [
     AvailableCommand(name="sessions", description="Cairn sessions in this workspace, newest first"),
     AvailableCommand(name="compact", description="Summarise the conversation so far before the next request "
                      "(unresolved recovered calls are kept verbatim)"),
-    AvailableCommand(name="rewind", description="Undo turn N and later: restore the files Cairn's tools changed and "
-                     "continue the conversation from before turn N (--force overwrites files changed outside Cairn)",
+    AvailableCommand(name="rewind", description="Undo turn N and later: take back what those turns changed and "
+                     "continue the conversation from before turn N (--undo takes the last rewind back, --dry-run "
+                     "shows the plan, --force overwrites paths changed outside Cairn too)",
                      input=AvailableCommandInput(root=UnstructuredCommandInput(
-                         hint="N [--files | --conversation] [--force]"))),
+                         hint="N [--files | --conversation] [--force] [--dry-run] | --undo"))),
 ]
 
 
@@ -307,6 +310,14 @@ class CairnAgent:
         if answer is not None:
             host.pump.release()
             host.say(answer)
+            await host.pump.drain()
+            return PromptResponse(stop_reason="end_turn")
+        if host.agent is not None and host.agent.loop.pending_rewind() is not None:
+            from ..agent.rewind import pending_rewind  # nothing else runs until it is settled (SPEC §10)
+
+            found = pending_rewind(host.agent.session.events)
+            assert found is not None
+            host.say(pending_text(*found))
             await host.pump.drain()
             return PromptResponse(stop_reason="end_turn")
         if host.agent is not None and not host.agent.session.events and host.mode != "ask":

@@ -293,22 +293,36 @@ class SessionHost:
                 + ". The model will see it with your next prompt.")
 
     async def rewind(self, arguments: str) -> str:
-        """`/rewind N [--files | --conversation] [--force]` (SPEC §9 rev 3): files Cairn's file tools changed in turns
-        N and later go back to their content before turn N, and/or the conversation continues from before it, with the
-        same crash-safe engine as `cairn rewind`. A file changed outside Cairn since is named and nothing is touched
-        unless `--force`. `/rewind --finish` / `--abandon` settle a rewind a crash interrupted. Between turns only."""
-        from ..agent.rewind import RewindRefused, abandon_rewind, describe, finish_rewind, pending_rewind, rewind
+        """`/rewind N [--files | --conversation] [--force] [--dry-run]` (SPEC §9 rev 3, §10 rev 4): what turns N and
+        later changed goes back (files and/or the conversation), with the same crash-safe engine as `cairn rewind`. A
+        path a turn changed and someone else changed after it is named and nothing is touched unless `--force`.
+        `/rewind --undo` takes the most recent rewind back; `--dry-run` only shows the plan. `/rewind --finish` /
+        `--abandon` settle a rewind a crash interrupted. Between turns only."""
+        from ..agent.rewind import (
+            RewindRefused,
+            abandon_rewind,
+            describe,
+            finish_rewind,
+            pending_rewind,
+            plan_lines,
+            plan_rewind,
+            plan_undo,
+            rewind,
+            undo_rewind,
+        )
 
-        usage = "usage: /rewind N [--files | --conversation] [--force], or /rewind --finish | --abandon"
+        usage = ("usage: /rewind N [--files | --conversation] [--force] [--dry-run], /rewind --undo [--dry-run], "
+                 "or /rewind --finish | --abandon")
         if self.agent is None:
             return "this session is closing"
         words = arguments.split()
         flags = {w for w in words if w.startswith("--")}
         numbers = [w for w in words if not w.startswith("--")]
-        unknown = flags - {"--force", "--files", "--conversation", "--finish", "--abandon"}
-        if unknown or len(numbers) > 1 or {"--files", "--conversation"} <= flags or {"--finish", "--abandon"} <= flags:
+        unknown = flags - {"--force", "--files", "--conversation", "--finish", "--abandon", "--undo", "--dry-run"}
+        settle = flags & {"--finish", "--abandon", "--undo"}
+        if (unknown or len(numbers) > 1 or {"--files", "--conversation"} <= flags or len(settle) > 1
+                or (settle and numbers) or ("--dry-run" in flags and settle - {"--undo"})):
             return f"{usage}."
-        settle = flags & {"--finish", "--abandon"}
         if not settle and (not numbers or not numbers[0].isdigit()):
             from ..agent.rewind import prompts
 
@@ -318,25 +332,38 @@ class SessionHost:
             return "a turn is running; send /rewind when it has ended"
         session = self.agent.session
         blobs = self.agent.loop.blobs() if self.agent.loop.blobs is not None else None
+        repo = self.agent.loop.snapshots
         force = "--force" in flags
+        scope = "files" if "--files" in flags else "conversation" if "--conversation" in flags else "both"
         try:
             if "--abandon" in flags:
                 plan = await abandon_rewind(session)
                 return f"Abandoned the interrupted rewind to before turn {plan.to_turn}; files stay as they are."
             if "--finish" in flags:
-                outcome = await finish_rewind(session, self.config.workspace, blobs, force=force,
-                                              repo=self.agent.loop.snapshots)
+                outcome = await finish_rewind(session, self.config.workspace, blobs, force=force, repo=repo)
             else:
                 pending = pending_rewind(session.events)
                 if pending is not None:
                     return pending_text(*pending)
-                scope = "files" if "--files" in flags else "conversation" if "--conversation" in flags else "both"
-                outcome = await rewind(session, self.config.workspace, blobs, int(numbers[0]), scope, force=force,
-                                       repo=self.agent.loop.snapshots)
+                if "--dry-run" in flags:
+                    import anyio.to_thread
+
+                    if "--undo" in flags:
+                        found = await anyio.to_thread.run_sync(plan_undo, session.events, self.config.workspace, repo)
+                    else:
+                        found = await anyio.to_thread.run_sync(
+                            plan_rewind, session.events, self.config.workspace, int(numbers[0]), blobs,
+                            repo if scope != "conversation" else None, force)
+                    return "\n".join(plan_lines(found, "both" if "--undo" in flags else scope))  # type: ignore[arg-type]
+                if "--undo" in flags:
+                    outcome = await undo_rewind(session, self.config.workspace, blobs, force=force, repo=repo)
+                else:
+                    outcome = await rewind(session, self.config.workspace, blobs, int(numbers[0]), scope,  # type: ignore[arg-type]
+                                           force=force, repo=repo)
         except RewindRefused as e:
             if e.changed:
-                return (f"Nothing was rewound: {e}. Send `/rewind {numbers[0] if numbers else ''} --force`"
-                        " to overwrite them.").replace("  ", " ")
+                again = "--undo" if "--undo" in flags else (numbers[0] if numbers else "")
+                return f"Nothing was rewound: {e}. Send `/rewind {again} --force` to overwrite them."
             return f"Nothing was rewound: {e}."
         except CheckpointFailed as e:
             return (f"The rewind could not be made durable ({e.cause}); it is written at the next checkpoint, and "

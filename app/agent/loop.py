@@ -49,6 +49,8 @@ from cairn.persistence.events import (
     RecoveryVerdict,
     RequestHeader,
     RequestRetry,
+    RewindEnd,
+    RewindPlan,
     StepEnd,
     StepStart,
     ToolCall,
@@ -107,6 +109,9 @@ class TurnResult:
     reason: str  # completed | cancelled | error
     error: TurnError | None
     text: str  # the last assistant text of the turn
+
+
+REWIND_PENDING = "REWIND_PENDING"  # a turn refused because an interrupted rewind is not settled (SPEC §10)
 
 
 class TurnFailure(Exception):
@@ -241,6 +246,8 @@ class AgentLoop:
         self._idle.set()
         self._open_nested: dict[str, tuple[ToolRunContext, int]] = {}  # nested calls without a result yet
         self.on_turn_result: list[Any] = []  # callbacks(TurnResult) for queued turns
+        self._open_rewinds: dict[str, RewindPlan] = {}  # rewind plans without their end, as of `_rewinds_seen`
+        self._rewinds_seen = 0
 
     # -- public surface ---------------------------------------------------------------------------------------------
 
@@ -324,7 +331,26 @@ class AgentLoop:
 
     # -- one turn ---------------------------------------------------------------------------------------------------
 
+    def pending_rewind(self) -> RewindPlan | None:
+        """A rewind plan without its end (a crash, or a failure in this process): nothing else runs until it is
+        finished or abandoned (SPEC §10). Looks only at the events appended since it last looked."""
+        events = self.session.events
+        for e in events[self._rewinds_seen:]:
+            if isinstance(e, RewindPlan):
+                self._open_rewinds[e.rewind_id] = e
+            elif isinstance(e, RewindEnd):
+                self._open_rewinds.pop(e.rewind_id, None)
+        self._rewinds_seen = len(events)
+        return next(reversed(self._open_rewinds.values()), None)
+
     async def _turn(self, prompt: str) -> TurnResult:
+        pending = self.pending_rewind()
+        if pending is not None:  # refused before anything is appended: the turn never starts
+            what = "an undo of a rewind" if pending.undo_of else f"a rewind to before turn {pending.to_turn}"
+            message = (f"{what} was interrupted and is not settled: finish it or abandon it first "
+                       f"(cairn rewind {self.session.id} --finish | --abandon; /rewind in the TUI and ACP)")
+            self.report(message)
+            return TurnResult(self._next_turn, "error", TurnError(REWIND_PENDING, message), "")
         st = _TurnState(turn=self._next_turn)
         self._next_turn += 1
         with anyio.CancelScope() as scope:
