@@ -43,9 +43,9 @@ KEYS = (
     ("resume", "↑ / ↓", "choose a recovered call: its detail pane shows everything about it"),
     ("resume", "v / e / c", "record a verdict on an OUTCOME_UNKNOWN call / take Cairn's evidence as the verdict / "
                          "continue to the chat"),
-    ("rewind", "↑↓ / f / c / b / u / Esc", "choose the first turn to undo / restore its files / the conversation / "
-                                           "both / undo the last rewind / cancel (each path someone else changed too "
-                                           "is asked about: y overwrites it, n leaves it)"),
+    ("rewind", "↑↓ / f / c / b", "choose the first turn to undo / restore its files / the conversation / both (each "
+                                 "path someone else changed too is asked about: y overwrites it, n leaves it)"),
+    ("rewind", "u / Esc", "undo the last rewind / cancel"),
     ("rewind", "f / a", "an interrupted rewind: finish it / abandon it"),
     ("verdict", "↑↓ Enter / Esc", "record the highlighted answer (nothing is preselected) / cancel"),
     ("sessions", "Enter / n / i / x / Esc", "open or resume / new session / inspect read-only / delete (asks first) / back"),
