@@ -409,3 +409,24 @@ def test_the_python_api_undoes_a_rewind_and_refuses_a_turn_while_one_is_pending(
 
     result = anyio.run(blocked)
     assert result.reason == "error" and result.error.code == REWIND_PENDING
+
+
+def test_a_first_snapshot_of_many_files_is_made_durable_by_one_syncfs(tmp_path, monkeypatch):
+    """Over BULK new files, git writes without an fsync each; the store's file system is synced once before
+    `snapshot()` returns (and the object directories after it), so the tree is durable before any event names it."""
+    from cairn.app.agent import snapshots
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for n in range(snapshots.BULK + 10):
+        (ws / f"f{n}.txt").write_text(f"file {n}\n")
+    calls: list[Path] = []
+    real = snapshots._syncfs
+    monkeypatch.setattr(snapshots, "_syncfs", lambda d: (calls.append(d), real(d)))
+    repo = snapshots.ShadowRepo(tmp_path / "home", ws, "s")
+    first = repo.snapshot()
+    assert calls == [repo.git_dir / "objects"]
+    (ws / "f0.txt").write_text("changed\n")
+    second = repo.snapshot()
+    assert calls == [repo.git_dir / "objects"]  # a few files: git's own fsync per object, no syncfs
+    assert first.tree != second.tree

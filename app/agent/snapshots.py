@@ -37,6 +37,9 @@ from typing import Callable
 import msgspec
 
 MAX_FILE = 10 * 1024 * 1024  # bytes; larger files are left out of snapshots and listed
+# more new files than this in one snapshot (a workspace's first): git writes them without an fsync each, and one
+# syncfs of the store's file system makes them durable together (10,000 fsyncs took 27 s here, one syncfs a fraction)
+BULK = 256
 DEFAULT_BUDGET = 10.0  # seconds a snapshot may take before snapshots are turned off for the session
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
@@ -129,6 +132,7 @@ class ShadowRepo:
         self._last_manifest: str | None = None
         self.holds_secret = holds_secret  # the session's check: such content is never stored (SPEC §5)
         self._manifests: dict[str, list[LeftOut]] = {}
+        self._bulk = False  # this snapshot writes many objects: one syncfs instead of an fsync per object
         self._trees: dict[str, dict[str, tuple[str, str]]] = {}
 
     # -- running git ------------------------------------------------------------------------------------------------
@@ -149,7 +153,8 @@ class ShadowRepo:
         return [self.git, "-c", "core.hooksPath=" + os.devnull, "-c", "credential.helper=",
                 "-c", "commit.gpgSign=false", "-c", "core.autocrlf=false", "-c", "core.fsmonitor=false",
                 "-c", "core.quotePath=false", "-c", "gc.auto=0", "-c", "core.untrackedCache=true",
-                "-c", "core.fsync=loose-object", "-c", "core.fsyncMethod=fsync", "-c", "core.symlinks=true", *args]
+                "-c", "core.fsync=" + ("none" if self._bulk else "loose-object"), "-c", "core.fsyncMethod=fsync",
+                "-c", "core.symlinks=true", *args]
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         try:
@@ -219,13 +224,19 @@ class ShadowRepo:
                 left.append(self._entry(path, why))
                 if not path.endswith("/"):
                     drop.append(path)  # out of the index too, if an earlier snapshot took it
-        if take:
-            self._update_index("--add", "--remove", paths=take)
-        if drop:
-            self._update_index("--force-remove", paths=drop)
-        tree = self._last_tree
-        if take or drop or tree is None:
-            tree = self.run("write-tree").decode().strip()
+        self._bulk = len(take) > BULK
+        try:
+            if take:
+                self._update_index("--add", "--remove", paths=take)
+            if drop:
+                self._update_index("--force-remove", paths=drop)
+            tree = self._last_tree
+            if take or drop or tree is None:
+                tree = self.run("write-tree").decode().strip()
+            if self._bulk:
+                _syncfs(self.git_dir / "objects")
+        finally:
+            self._bulk = False
         left.sort(key=lambda e: e.path)
         manifest = self._write_manifest(left)
         self._sync_objects(started)
@@ -353,6 +364,21 @@ class ShadowRepo:
         if lines:
             self.run("update-ref", "--stdin", stdin=("\n".join(lines) + "\n").encode())
         self.run("gc", "--quiet", "--prune=now", budget=120)
+
+
+def _syncfs(directory: Path) -> None:
+    """Flush everything written to the file system holding `directory` (Linux syncfs; elsewhere, sync)."""
+    import ctypes
+    import ctypes.util
+
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        syncfs = getattr(libc, "syncfs", None)
+        if syncfs is None or syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
 
 
 def _paths(out: bytes) -> list[str]:
