@@ -117,6 +117,7 @@ class Plan:
     outside: list[FilePlan] = field(default_factory=list)  # changed only by someone else: restored only when forced
     now: Snapshot | None = None  # the snapshot taken while planning (what an undo puts back)
     undo_of: RewindPlan | None = None
+    covered: set[str] = field(default_factory=set)  # the paths the snapshots' trees speak for
 
     @property
     def changed_outside(self) -> list[str]:
@@ -178,10 +179,25 @@ def plan_rewind(events: list[AnyEvent], workspace: Path, to_turn: int, blobs: Bl
                   and e.at == "turn-start"), None)
     if repo is not None and start is not None:
         try:
-            return _snapshot_plan(current, workspace, to_turn, repo, start, force)
+            plan = _snapshot_plan(current, workspace, to_turn, repo, start, force)
         except SnapshotUnavailable:
             pass  # no usable snapshot (git gone, repository pruned): the file tools' before-images still work
+        else:
+            _add_file_tools_changes(plan, _file_plan(current, workspace, to_turn, blobs))
+            return plan
     return _file_plan(current, workspace, to_turn, blobs)
+
+
+def _add_file_tools_changes(plan: Plan, by_tools: Plan) -> None:
+    """What Cairn's own file tools changed on paths no snapshot holds (ignored, say) goes back from their
+    before-images, as it would without snapshots."""
+    extra = [f for f in by_tools.files if f.path not in plan.covered and not f.already]
+    if not extra:
+        return
+    paths = {f.path for f in extra}
+    plan.files = sorted(plan.files + [f for f in extra if f.restorable], key=lambda f: f.path)
+    plan.not_restored = sorted([(p, why) for p, why in plan.not_restored if p not in paths]
+                               + [(p, why) for p, why in by_tools.not_restored if p in paths])
 
 
 # -- with snapshots ----------------------------------------------------------------------------------------------------
@@ -279,13 +295,11 @@ def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: 
                         conflict=conflict)
         item.current_sha256, item.current_mode = (current[1], current[0]) if current else (None, None)
         if why_not is not None:
-            if not item.already:
-                plan.not_restored.append((path, f"not captured at {_where(origin)}: {why_not}"))
+            plan.not_restored.append((path, f"not captured at {_where(origin)}: {why_not}"))
             continue
         if why_now is not None:
-            if current is None and not item.already:
-                plan.not_restored.append((path, f"what it holds now cannot be kept ({why_now}), so nothing could "
-                                                "bring it back"))
+            plan.not_restored.append((path, f"{why_now} now: what it holds cannot be kept, so nothing could bring "
+                                            "it back"))
             continue
         if item.already:
             continue
@@ -305,19 +319,29 @@ def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: 
             entry = repo.entries(interval.end.tree if interval.end else now.tree).get(path)
             if entry is not None and entry[0] == GITLINK and path not in {p for p, _ in plan.not_restored}:
                 plan.not_restored.append((path, "a nested repository: what changed inside it is not captured"))
+    plan.covered = set(paths)
     named = {p for p, _ in plan.not_restored}
     then = {e.path: e for e in repo.manifest(start.manifest)} if start.manifest else {}
-    for entry in repo.manifest(now.manifest) if now.manifest else []:
-        if entry.path in named:
-            continue
+    left_now = {e.path: e for e in repo.manifest(now.manifest)} if now.manifest else {}
+    in_tree = set(repo.entries(now.tree))
+    in_tree |= {p[: i + 1] for p in in_tree for i, c in enumerate(p) if c == "/"}  # and their directories
+    for path in sorted(set(then) | set(left_now)):
+        before, after = then.get(path), left_now.get(path)
+        entry = after or before
+        assert entry is not None
+        if path in named or (after is None and path in in_tree):
+            continue  # named already, or captured now (then it is in the intervals' changes)
         if entry.reason == NESTED:
-            plan.not_restored.append((entry.path, "a nested repository: what changed inside it is not captured"))
-        elif entry.reason != IGNORED and (entry.path not in then or (then[entry.path].size, then[entry.path].mtime_ns)
-                                          != (entry.size, entry.mtime_ns)):
-            # changed in the range but never captured (too large, a secret, unreadable): Cairn cannot take it back
-            plan.not_restored.append((entry.path, f"{entry.reason}: left out of snapshots, Cairn never held it"))
+            plan.not_restored.append((path, "a nested repository: what changed inside it is not captured"))
+        elif before is None or after is None or _signature(before) != _signature(after):
+            # left out of snapshots and changed in the range: Cairn cannot take back what it never held
+            plan.not_restored.append((path, f"{entry.reason}: left out of snapshots, Cairn never held it"))
     plan.not_restored.sort()
     return plan
+
+
+def _signature(entry: LeftOut) -> tuple[str, int, int, int]:
+    return entry.kind, entry.size, entry.mtime_ns, entry.mode
 
 
 def _written_after_last_shot(events: list[AnyEvent], workspace: Path, intervals: list[_Interval]) -> dict[int, set[str]]:
@@ -424,7 +448,12 @@ def plan_undo(events: list[AnyEvent], workspace: Path, repo: ShadowRepo | None) 
         raise RewindRefused(f"the last rewind ran in {undone.workspace}, not in {workspace}: it cannot be undone here")
     done = {e.path for e in events if isinstance(e, RewindStep) and e.rewind_id == undone.rewind_id
             and e.outcome == "done"}
-    now = repo.snapshot() if repo is not None else None
+    now = None
+    if repo is not None:
+        # what each path holds now is what the undone rewind wrote (else a conflict): already kept; this snapshot
+        # only lets the undo be undone in turn, so an undo goes on without it
+        with contextlib.suppress(SnapshotUnavailable):
+            now = repo.snapshot()
     plan = Plan(undone.to_turn, now=now, undo_of=undone)
     for f in undone.files:
         if f.path not in done:
@@ -434,7 +463,7 @@ def plan_undo(events: list[AnyEvent], workspace: Path, repo: ShadowRepo | None) 
         item = FilePlan(real_path(f), f.expected_sha256, {f.restore_sha256}, restore_mode=f.expected_mode)
         item.restorable = f.expected_sha256 is None or _content_known(f.expected_sha256, repo)
         try:
-            current = _current_state(workspace, f.path, git)
+            current = _current_state(workspace, item.path, git)
             item.current_mode, item.current_sha256 = (current[0], current[1]) if current else (None, None)
         except (OSError, ValueError):
             item.readable = False
@@ -444,7 +473,6 @@ def plan_undo(events: list[AnyEvent], workspace: Path, repo: ShadowRepo | None) 
                 f.restore_mode is not None and item.current_mode != f.restore_mode):
             item.conflict = "changed since the rewind put it back"
         plan.files.append(item)
-    plan.not_restored = [(p, why) for p, why in ((n.path, n.reason) for n in undone.not_restored)]
     return plan
 
 
@@ -511,6 +539,10 @@ async def _apply(session: LiveSession, workspace: Path, blobs: BlobStore | None,
         raise RewindRefused(f"{why}: " + ", ".join(plan.changed_outside) + " (use --force to overwrite)",
                             plan.changed_outside)
     chosen = [f for f in plan.files if f.restorable and not f.already] if files else []
+    # deletions first, deepest first, then what is written: a directory a turn made where a file was is emptied
+    # before the file comes back (and the reverse)
+    chosen.sort(key=lambda f: (f.restore_sha256 is not None, -f.path.count("/") if f.restore_sha256 is None else 0,
+                               f.path))
     rewind_id = secrets.token_hex(6)
     kept = await anyio.to_thread.run_sync(_keep_current, workspace, blobs, chosen, plan.now)
     record = RewindPlan(
@@ -619,8 +651,7 @@ def _changed_since_plan(workspace: Path, plan: RewindPlan, done: set[str]) -> li
         try:
             now = _current_state(workspace, real_path(item), _is_git(item))
         except (OSError, ValueError):
-            changed.append(item.path)
-            continue
+            continue  # cannot be read (a directory now): the rewind leaves it alone and names it, as it would have
         if not (_matches(now, item.restore_sha256, item.restore_mode)
                 or _matches(now, item.expected_sha256, item.expected_mode)):
             changed.append(item.path)
@@ -682,6 +713,9 @@ def _current_state(workspace: Path, path: str, git: bool) -> State:
     target = inside(workspace, path)
     if target is None:
         raise OSError(errno.EXDEV, "it is outside the workspace now")
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.lstat(target).st_mode) and not os.listdir(target):
+            return None  # an empty directory where a file goes: nothing to lose (a rewind removes it to write)
     if git:
         found = state_of(target)
         return (found[0], GIT + found[1]) if found else None
@@ -768,7 +802,13 @@ def _replace(dir_fd: int, name: str, data: bytes | None, mode: str | None) -> No
     except FileNotFoundError:
         old = None
     if old is not None and stat.S_ISDIR(old.st_mode):
-        raise OSError(errno.EISDIR, f"{name} is a directory now")
+        try:  # an empty directory where the file was (what it held already went back) holds nothing to lose
+            if data is None:
+                raise OSError(errno.EISDIR, f"{name} is a directory now")
+            os.rmdir(name, dir_fd=dir_fd)
+        except OSError:
+            raise OSError(errno.EISDIR, f"{name} is a directory now") from None
+        old = None
     if data is None:
         if old is not None:
             os.unlink(name, dir_fd=dir_fd)

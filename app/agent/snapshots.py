@@ -50,6 +50,7 @@ NESTED = "a nested repository"
 SPECIAL = "a special file"
 SECRET = "holds a configured secret"
 UNREADABLE = "unreadable"
+REPLACED = "a directory now"  # a tracked file replaced by a directory: dropped from the index, not listed
 
 # git modes of the entries a tree holds
 REGULAR, EXECUTABLE, SYMLINK, GITLINK = "100644", "100755", "120000", "160000"
@@ -60,13 +61,15 @@ class SnapshotUnavailable(Exception):
 
 
 class LeftOut(msgspec.Struct, array_like=True, gc=False):
-    """One path a snapshot did not take: `path` (a directory ends in "/"), why, its type, size and mtime (ns)."""
+    """One path a snapshot did not take: `path` (a directory ends in "/"), why, its type, size, mtime (ns) and
+    permission bits (a chmod changes no mtime)."""
 
     path: str
     reason: str
     kind: str  # file, dir, link, special
     size: int
     mtime_ns: int
+    mode: int = 0
 
 
 _manifest_encoder = msgspec.json.Encoder()
@@ -221,15 +224,16 @@ class ShadowRepo:
             if why is None:
                 take.append(path)
             else:
-                left.append(self._entry(path, why))
+                if why != REPLACED:
+                    left.append(self._entry(path, why))
                 if not path.endswith("/"):
                     drop.append(path)  # out of the index too, if an earlier snapshot took it
         self._bulk = len(take) > BULK
         try:
-            if take:
-                self._update_index("--add", "--remove", paths=take)
-            if drop:
+            if drop:  # first: a file that became a directory leaves the index before what the directory holds comes in
                 self._update_index("--force-remove", paths=drop)
+            if take:  # --replace: a directory that became a file (or the reverse) replaces the entries in its way
+                self._update_index("--add", "--remove", "--replace", paths=take)
             tree = self._last_tree
             if take or drop or tree is None:
                 tree = self.run("write-tree").decode().strip()
@@ -252,14 +256,15 @@ class ShadowRepo:
         full = self.workspace / path
         try:
             st = os.lstat(full)
-        except FileNotFoundError:
-            return None  # deleted: out of the index
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # deleted (or a parent is a file now): out of the index
         except OSError:
             return UNREADABLE
         if stat.S_ISLNK(st.st_mode):
             return None
         if stat.S_ISDIR(st.st_mode):
-            return NESTED if (full / ".git").exists() else SPECIAL  # a tracked file that became a directory
+            # a tracked file that became a directory: out of the index (what it holds is listed on its own)
+            return NESTED if (full / ".git").exists() else REPLACED
         if not stat.S_ISREG(st.st_mode):
             return SPECIAL
         if st.st_size > self.max_file:
@@ -279,7 +284,7 @@ class ShadowRepo:
     def _entry(self, path: str, reason: str) -> LeftOut:
         try:
             st = os.lstat(self.workspace / path.rstrip("/"))
-            return LeftOut(path, reason, _kind(st), st.st_size, st.st_mtime_ns)
+            return LeftOut(path, reason, _kind(st), st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
         except OSError:
             return LeftOut(path, reason, "gone", 0, 0)
 
