@@ -327,15 +327,15 @@ def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: 
     in_tree |= {p[: i + 1] for p in in_tree for i, c in enumerate(p) if c == "/"}  # and their directories
     for path in sorted(set(then) | set(left_now)):
         before, after = then.get(path), left_now.get(path)
-        entry = after or before
-        assert entry is not None
+        left = after or before
+        assert left is not None
         if path in named or (after is None and path in in_tree):
             continue  # named already, or captured now (then it is in the intervals' changes)
-        if entry.reason == NESTED:
+        if left.reason == NESTED:
             plan.not_restored.append((path, "a nested repository: what changed inside it is not captured"))
         elif before is None or after is None or _signature(before) != _signature(after):
             # left out of snapshots and changed in the range: Cairn cannot take back what it never held
-            plan.not_restored.append((path, f"{entry.reason}: left out of snapshots, Cairn never held it"))
+            plan.not_restored.append((path, f"{left.reason}: left out of snapshots, Cairn never held it"))
     plan.not_restored.sort()
     return plan
 
