@@ -57,6 +57,7 @@ from cairn.persistence.events import (
 from cairn.persistence.evidence import FILE_TOOLS, inside, sha256_of_file
 from cairn.persistence.session import LiveSession
 
+from ..tools.files import atomic_write
 from .snapshots import GITLINK, IGNORED, NESTED, SYMLINK, LeftOut, ShadowRepo, Snapshot, SnapshotUnavailable, state_of
 
 Scope = Literal["files", "conversation", "both"]
@@ -814,33 +815,23 @@ def _replace(dir_fd: int, name: str, data: bytes | None, mode: str | None) -> No
             os.unlink(name, dir_fd=dir_fd)
             os.fsync(dir_fd)
         return
-    tmp = f".{name[:100]}.{secrets.token_hex(6)}.cairn-tmp"
-    if mode == SYMLINK:
-        os.symlink(os.fsdecode(data), tmp, dir_fd=dir_fd)
-    else:
+    if mode != SYMLINK:
         bits = stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode) else 0o644
         if mode == "100755":
             bits |= (bits & 0o444) >> 2
         elif mode == "100644":
             bits &= ~0o111
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fchmod(f.fileno(), bits)
-                os.fsync(f.fileno())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
+        atomic_write(dir_fd, name, data, bits)
+        return
+    tmp = f".{name[:100]}.{secrets.token_hex(6)}.cairn-tmp"
+    os.symlink(os.fsdecode(data), tmp, dir_fd=dir_fd)  # a link is restored as a link, never followed
     try:
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
-    with contextlib.suppress(OSError):  # some file systems refuse to fsync a directory; the data itself is synced
+    with contextlib.suppress(OSError):  # some file systems refuse to fsync a directory
         os.fsync(dir_fd)
 
 

@@ -366,18 +366,21 @@ async def search_text(args: dict[str, Any], ctx: ToolContext) -> str:
 # --- write_file / edit_file -------------------------------------------------------------------------------------------
 
 
-def atomic_write(dir_fd: int, name: str, data: bytes) -> None:
+def atomic_write(dir_fd: int, name: str, data: bytes, bits: int | None = None) -> None:
     """Replace `name` in the directory `dir_fd` with `data` all at once: temp file beside it, fsync, rename, fsync the
     directory. Everything is relative to `dir_fd`, so the file lands in that directory whatever happens to the names
     above it.
 
-    An existing file keeps its permission bits; a new one gets the usual 0666 & ~umask. (Hard links to the old file
-    are not updated — the name now points at a new inode.) A symlink swapped in for `name` is replaced, not followed.
+    An existing file keeps its permission bits; a new one gets the usual 0666 & ~umask; `bits` sets them (a rewind
+    puts a file's mode back too). (Hard links to the old file are not updated — the name now points at a new inode.)
+    A symlink swapped in for `name` is replaced, not followed.
     """
-    try:
-        mode: int | None = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except FileNotFoundError:
-        mode = None
+    mode: int | None = bits
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            mode = None
     tmp = f".{name[:100]}.{secrets.token_hex(6)}.cairn-tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
