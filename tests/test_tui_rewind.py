@@ -431,26 +431,27 @@ def test_resume_screen_with_evidence_picture(snap_compare, tmp_path, size):
 SNAPSHOT_WORKSPACE = Path("/tmp/cairn-rewind-snapshot-workspace")
 
 
-def snapshot_turns(tmp_path: Path):
+def snapshot_turns(tmp_path: Path, ws: Path = SNAPSHOT_WORKSPACE):
     """A workspace with ignored files; turn 1 removes `.gitignore` (so the ignored files enter its end snapshot) and
-    adds a file; between turns the operator edits one file and adds another; turn 2 says hello. Real git snapshots."""
-    shutil.rmtree(SNAPSHOT_WORKSPACE, ignore_errors=True)
-    SNAPSHOT_WORKSPACE.mkdir()
+    adds a file; between turns the operator edits one file and adds another; turn 2 says hello. Real git snapshots.
+    The pictures use a fixed workspace (the status bar names it); other tests pass their own."""
+    shutil.rmtree(ws, ignore_errors=True)
+    ws.mkdir()
     world = make_world(tmp_path, [])
-    world.config = dataclasses.replace(world.config, snapshots="auto", workspace=SNAPSHOT_WORKSPACE)
-    world.workspace = SNAPSHOT_WORKSPACE
-    (SNAPSHOT_WORKSPACE / ".gitignore").write_text("*.log\nbuild/\n")
-    (SNAPSHOT_WORKSPACE / "app.log").write_text("precious log\n")
-    (SNAPSHOT_WORKSPACE / "build").mkdir()
-    (SNAPSHOT_WORKSPACE / "build" / "out.o").write_text("object\n")
-    (SNAPSHOT_WORKSPACE / "README.md").write_text("readme\n")
-    (SNAPSHOT_WORKSPACE / "notes.txt").write_text("notes\n")
+    world.config = dataclasses.replace(world.config, snapshots="auto", workspace=ws)
+    world.workspace = ws
+    (ws / ".gitignore").write_text("*.log\nbuild/\n")
+    (ws / "app.log").write_text("precious log\n")
+    (ws / "build").mkdir()
+    (ws / "build" / "out.o").write_text("object\n")
+    (ws / "README.md").write_text("readme\n")
+    (ws / "notes.txt").write_text("notes\n")
     cli_turn(world, tmp_path, "snap", "tidy up the project",
              {"name": "run_command", "arguments": {"command": "rm .gitignore && echo more >> README.md"}},
              write("new.txt", "new\n"))
-    with open(SNAPSHOT_WORKSPACE / "notes.txt", "a") as f:
+    with open(ws / "notes.txt", "a") as f:
         f.write("the operator's line\n")
-    (SNAPSHOT_WORKSPACE / "mine.txt").write_text("mine\n")
+    (ws / "mine.txt").write_text("mine\n")
     cli_turn(world, tmp_path, "snap", "say hello")
     return world
 
@@ -480,10 +481,11 @@ def test_rewind_dialog_with_not_restored_paths_picture(snap_compare, tmp_path, s
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
 def test_rewind_then_undo_from_the_dialog_puts_everything_back(tmp_path):
-    world = snapshot_turns(tmp_path)
+    ws = tmp_path / "ws-undo"
+    world = snapshot_turns(tmp_path, ws)
 
     def files() -> dict[str, str]:
-        return {p.relative_to(SNAPSHOT_WORKSPACE).as_posix(): p.read_text() for p in SNAPSHOT_WORKSPACE.rglob("*")
+        return {p.relative_to(ws).as_posix(): p.read_text() for p in ws.rglob("*")
                 if p.is_file()}
 
     before = files()
@@ -496,8 +498,8 @@ def test_rewind_then_undo_from_the_dialog_puts_everything_back(tmp_path):
             await choose_turn(pilot, dialog, 1)
             await pilot.press("b")
             await wait_for(pilot, lambda: "the conversation continues from before turn 1" in notices(app), "rewound")
-            assert not (SNAPSHOT_WORKSPACE / "new.txt").exists()
-            assert (SNAPSHOT_WORKSPACE / "app.log").exists() and (SNAPSHOT_WORKSPACE / "mine.txt").exists()
+            assert not (ws / "new.txt").exists()
+            assert (ws / "app.log").exists() and (ws / "mine.txt").exists()
             app.chat.query_one(PromptInput).clear()  # the rewound turn's prompt waits there to be sent again
             await open_by_slash(pilot, app)
             assert "Undo the last rewind [u]" in screen_text(app)
