@@ -322,27 +322,52 @@ def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: 
                 plan.not_restored.append((path, "a nested repository: what changed inside it is not captured"))
     plan.covered = set(paths)
     named = {p for p, _ in plan.not_restored}
-    then = {e.path: e for e in repo.manifest(start.manifest)} if start.manifest else {}
-    left_now = {e.path: e for e in repo.manifest(now.manifest)} if now.manifest else {}
-    in_tree = set(repo.entries(now.tree))
-    in_tree |= {p[: i + 1] for p in in_tree for i, c in enumerate(p) if c == "/"}  # and their directories
-    for path in sorted(set(then) | set(left_now)):
-        before, after = then.get(path), left_now.get(path)
-        left = after or before
-        assert left is not None
-        if path in named or (after is None and path in in_tree):
-            continue  # named already, or captured now (then it is in the intervals' changes)
-        if left.reason == NESTED:
-            plan.not_restored.append((path, "a nested repository: what changed inside it is not captured"))
-        elif before is None or after is None or _signature(before) != _signature(after):
-            # left out of snapshots and changed in the range: Cairn cannot take back what it never held
-            plan.not_restored.append((path, f"{left.reason}: left out of snapshots, Cairn never held it"))
+    for path, reason in _left_out_changes(repo, [i.start for i in intervals] + [now_event]):
+        if path not in named:
+            if reason == NESTED:
+                plan.not_restored.append((path, "a nested repository: what changed inside it is not captured"))
+            else:  # left out of snapshots and changed in the range: Cairn cannot take back what it never held
+                plan.not_restored.append((path, f"{reason}: left out of snapshots, Cairn never held it"))
     plan.not_restored.sort()
     return plan
 
 
 def _signature(entry: LeftOut) -> tuple[str, int, int, int]:
     return entry.kind, entry.size, entry.mtime_ns, entry.mode
+
+
+def _left_out_changes(repo: ShadowRepo, shots: list[WorkspaceSnapshot]) -> list[tuple[str, str]]:
+    """Paths left out of snapshots that changed between two snapshots of the range (type, size, mtime or mode; came
+    or went while not captured), with why they were left out; nested repositories always (nothing inside is seen)."""
+    found: dict[str, str] = {}
+    held: dict[str, set[str]] = {}
+
+    def captured(shot: WorkspaceSnapshot) -> set[str]:
+        """The paths of the tree, and their directories (a `build/` entry is captured once a file in it is)."""
+        if shot.tree not in held:
+            paths = set(repo.entries(shot.tree))
+            held[shot.tree] = paths | {p[: i + 1] for p in paths for i, c in enumerate(p) if c == "/"}
+        return held[shot.tree]
+
+    def listed(shot: WorkspaceSnapshot) -> dict[str, LeftOut]:
+        return {e.path: e for e in repo.manifest(shot.manifest)} if shot.manifest else {}
+
+    for a, b in zip(shots, shots[1:]):
+        if a.manifest is None or b.manifest is None:
+            continue  # a snapshot from before rev 4 lists nothing
+        then, later = listed(a), listed(b)
+        for path in (set(then) | set(later)) - set(found):
+            before, after = then.get(path), later.get(path)
+            left = after or before
+            assert left is not None
+            if left.reason == NESTED:
+                found[path] = NESTED
+            elif before is not None and after is not None:
+                if _signature(before) != _signature(after):
+                    found[path] = left.reason
+            elif path not in (captured(b) if after is None else captured(a)):
+                found[path] = left.reason  # came or went while Cairn was not capturing it
+    return sorted(found.items())
 
 
 def _written_after_last_shot(events: list[AnyEvent], workspace: Path, intervals: list[_Interval]) -> dict[int, set[str]]:
