@@ -430,3 +430,25 @@ def test_a_first_snapshot_of_many_files_is_made_durable_by_one_syncfs(tmp_path, 
     second = repo.snapshot()
     assert calls == [repo.git_dir / "objects"]  # a few files: git's own fsync per object, no syncfs
     assert first.tree != second.tree
+
+
+def test_after_a_move_a_rewind_never_applies_the_old_places_snapshots(tmp_path):
+    """SPEC §10: `--workspace DIR` on a resume moves the session; turns from before the move are not rewound into the
+    new place (their snapshots and before-images describe the old one), and the old place is never touched."""
+    world = snapshot_world(tmp_path)
+    world.turn("one", write("a.txt", "one\n"))
+    new = tmp_path / "moved"
+    new.mkdir()
+    (new / "theirs.txt").write_text("theirs\n")
+    moved = world.cairn("run", "--script", world.script(write("b.txt", "bee\n")), "--yes", "--resume", "s",
+                        "--workspace", str(new), "two")
+    assert moved.returncode == 0, moved.stderr
+    assert (new / "b.txt").exists() and not (world.ws / "b.txt").exists()
+    before_old, before_new = state(world.ws), state(new)
+    refused = world.cairn("rewind", "s", "--turn", "1")
+    assert refused.returncode == 2 and "before the session's workspace moved" in refused.stderr
+    assert state(world.ws) == before_old and state(new) == before_new
+    proc = world.cairn("rewind", "s", "--turn", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert not (new / "b.txt").exists() and (new / "theirs.txt").read_text() == "theirs\n"
+    assert state(world.ws) == before_old  # the old place: untouched
