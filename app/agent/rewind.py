@@ -324,8 +324,8 @@ def _snapshot_plan(events: list[AnyEvent], workspace: Path, to_turn: int, repo: 
     named = {p for p, _ in plan.not_restored}
     for path, reason in _left_out_changes(repo, [i.start for i in intervals] + [now_event]):
         if path not in named:
-            if reason == NESTED:
-                plan.not_restored.append((path, "a nested repository: what changed inside it is not captured"))
+            if path.endswith("/"):  # a nested repository, an ignored directory: never entered
+                plan.not_restored.append((path, f"{reason}: what changed inside it is not captured"))
             else:  # left out of snapshots and changed in the range: Cairn cannot take back what it never held
                 plan.not_restored.append((path, f"{reason}: left out of snapshots, Cairn never held it"))
     plan.not_restored.sort()
@@ -338,7 +338,8 @@ def _signature(entry: LeftOut) -> tuple[str, int, int, int]:
 
 def _left_out_changes(repo: ShadowRepo, shots: list[WorkspaceSnapshot]) -> list[tuple[str, str]]:
     """Paths left out of snapshots that changed between two snapshots of the range (type, size, mtime or mode; came
-    or went while not captured), with why they were left out; nested repositories always (nothing inside is seen)."""
+    or went while not captured), with why they were left out; a directory left out whole (a nested repository, an
+    ignored directory) always, since nothing inside it is seen."""
     found: dict[str, str] = {}
     held: dict[str, set[str]] = {}
 
@@ -360,8 +361,8 @@ def _left_out_changes(repo: ShadowRepo, shots: list[WorkspaceSnapshot]) -> list[
             before, after = then.get(path), later.get(path)
             left = after or before
             assert left is not None
-            if left.reason == NESTED:
-                found[path] = NESTED
+            if left.reason == NESTED or path.endswith("/"):
+                found[path] = left.reason  # a directory left out whole: nothing inside it is seen, so say so
             elif before is not None and after is not None:
                 if _signature(before) != _signature(after):
                     found[path] = left.reason
