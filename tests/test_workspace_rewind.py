@@ -462,3 +462,51 @@ def test_after_a_move_a_rewind_never_applies_the_old_places_snapshots(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert not (new / "b.txt").exists() and (new / "theirs.txt").read_text() == "theirs\n"
     assert state(world.ws) == before_old  # the old place: untouched
+
+
+@pytest.mark.parametrize("undo", [False, True], ids=["rewind", "undo"])
+def test_the_plan_and_what_it_replaces_are_durable_when_the_first_file_is_touched(tmp_path, monkeypatch, undo):
+    """The moment of the effect (GUIDE §7): every time the engine writes or deletes a workspace path, the durable seq
+    already covers the `rewind/plan` (and the `rewind-start` snapshot holding what it replaces). A SIGKILL test cannot
+    see this barrier; the durable seq can."""
+    import anyio
+
+    from cairn.app.agent import rewind as engine
+    from cairn.app.agent.snapshots import ShadowRepo
+    from cairn.persistence.blobs import blob_store_for
+    from cairn.persistence.events import RewindPlan, WorkspaceSnapshot
+    from cairn.persistence.session import LiveSession
+    from cairn.persistence.store import SessionStore
+
+    world = snapshot_world(tmp_path)
+    world.turn("one", write("a.txt", "one\n"), run("echo b > b.txt"))
+    if undo:
+        assert world.cairn("rewind", "s", "--turn", "1").returncode == 0
+    store = SessionStore(world.home, "jsonl")
+    touched: list[int] = []
+    real = engine.write_path
+
+    async def main() -> list:
+        blobs = blob_store_for(store.backend)
+        try:
+            async with LiveSession(store.open_for_resume("s")) as session:
+                def spy(workspace, path, data, mode):
+                    touched.append(session.coordinator.durable_seq)
+                    real(workspace, path, data, mode)
+
+                monkeypatch.setattr(engine, "write_path", spy)
+                repo = ShadowRepo(world.home, world.ws, "s", holds_secret=session.holds_secret)
+                if undo:
+                    await engine.undo_rewind(session, world.ws, blobs, repo=repo)
+                else:
+                    await engine.rewind(session, world.ws, blobs, 1, "files", repo=repo)
+                return list(session.events)
+        finally:
+            blobs.close()
+
+    events = anyio.run(main)
+    plan = [e for e in events if isinstance(e, RewindPlan)][-1]
+    start = next(e for e in events if isinstance(e, WorkspaceSnapshot) and e.at == "rewind-start"
+                 and e.call_id == plan.rewind_id)
+    assert len(touched) == 2 and start.seq < plan.seq
+    assert all(seq >= plan.seq for seq in touched), (touched, plan.seq)
