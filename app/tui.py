@@ -22,6 +22,7 @@ from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
+from cairn.persistence.locks import ensure_private_dir
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import OpenedSession, SessionStore
 from cairn.widgets.prompt_input import PromptInput
@@ -31,6 +32,7 @@ from . import quiet_gc
 from .config.resolver import Config, make_provider
 from .screens.chat import ChatScreen
 from .slash_commands import COMMANDS
+from .tools.files import atomic_write
 
 if TYPE_CHECKING:  # screens other than the chat are imported when first shown (start-up, P8)
     from .screens.sessions import SessionChoice
@@ -98,11 +100,13 @@ class CairnApp(App["SessionChoice | None"]):
         settings = self._settings()
         settings["theme"] = getattr(theme, "name", str(theme))
         path = self.config.home / SETTINGS_FILE
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = path.with_name(f".{SETTINGS_FILE}.{os.getpid()}")
-            tmp.write_text(json.dumps(settings), encoding="utf-8")
-            os.replace(tmp, path)
+        try:  # whole or absent after a power cut (SPEC §12): synced, renamed into place, its directory synced
+            ensure_private_dir(path.parent)
+            home = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                atomic_write(home, SETTINGS_FILE, json.dumps(settings).encode(), 0o600)
+            finally:
+                os.close(home)
         except OSError:
             pass  # a theme is not worth an error
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from .errors import StoreUnavailable
 from .events import AnyEvent, RewindPlan, ToolCall
+from .locks import ensure_private_dir
 
 MAX_BEFORE_IMAGE = 10 * 1024 * 1024  # bytes; a larger file is recorded as not restorable
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -85,8 +86,7 @@ class FileBlobs(BlobStore):
         if self.get(sha) is not None:
             return sha
         try:
-            for directory in (self.root.parent, self.root, path.parent):
-                directory.mkdir(mode=0o700, exist_ok=True)
+            ensure_private_dir(path.parent)  # each directory it makes is synced into its parent (a fresh home too)
             tmp = path.with_name(f".{sha}.{secrets.token_hex(4)}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:

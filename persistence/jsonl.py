@@ -29,7 +29,7 @@ from .errors import (
 )
 from .events import SessionHeader, encoder, raw_decoder
 from .ids import valid_session_id
-from .locks import ensure_private_dir, flock_session_file, probe_flock
+from .locks import ensure_private_dir, flock_session_file, fsync_dir, probe_flock
 
 _SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -65,15 +65,6 @@ class FileOps:
         os.ftruncate(fd, length)
 
     def close(self, fd: int) -> None:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a newly created file's directory entry durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
         os.close(fd)
 
 

@@ -34,7 +34,9 @@ _ATTEMPTS = 20  # replaced-under-us retries; each one means another process dele
 def ensure_private_dir(path: Path) -> None:
     """Create `path` (and missing parents) and make every directory created here 0700 whatever the umask.
 
-    An existing directory is left as it is: the user may have pointed `--home` at a directory of their own."""
+    An existing directory is left as it is: the user may have pointed `--home` at a directory of their own. Each
+    directory made here has its name fsync'd into its parent (SPEC §12: a new name survives a power cut only once its
+    directory is synced), so a fresh CAIRN_HOME is not lost whole with the first session written into it."""
     missing = []
     p = path
     while not p.exists() and not p.is_symlink() and p != p.parent:
@@ -46,6 +48,20 @@ def ensure_private_dir(path: Path) -> None:
         except FileExistsError:
             continue  # another process made it first
         os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask; chmod is not
+        fsync_dir(d.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the names in directory `path` durable (a new file's, a rename's, an unlink's). A file system that cannot
+    fsync a directory (some network ones say EINVAL) is left to its own guarantees."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 class SessionLock:

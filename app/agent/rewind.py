@@ -811,6 +811,7 @@ def write_path(workspace: Path, path: str, data: bytes | None, mode: str | None)
                 if data is None:
                     return  # nothing there to delete
                 os.mkdir(part, 0o755, dir_fd=fd)
+                os.fsync(fd)  # the new directory's name survives a power cut with what goes into it (SPEC §12)
                 nxt = os.open(part, flags, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):

@@ -36,6 +36,8 @@ from typing import Callable
 
 import msgspec
 
+from cairn.persistence.locks import ensure_private_dir, fsync_dir
+
 MAX_FILE = 10 * 1024 * 1024  # bytes; larger files are left out of snapshots and listed
 # more new files than this in one snapshot (a workspace's first): git writes them without an fsync each, and one
 # syncfs of the store's file system makes them durable together (10,000 fsyncs took 27 s here, one syncfs a fraction)
@@ -138,6 +140,7 @@ class ShadowRepo:
         self._manifests: dict[str, list[LeftOut]] = {}
         self._bulk = False  # this snapshot writes many objects: one syncfs instead of an fsync per object
         self._trees: dict[str, dict[str, tuple[str, str]]] = {}
+        self._syncfs: bool | None = None  # does syncfs reach the disk where the store lives (not on FUSE)
 
     # -- running git ------------------------------------------------------------------------------------------------
 
@@ -188,12 +191,14 @@ class ShadowRepo:
     def ensure(self) -> None:
         """Create the shadow repository (private, bare of hooks) on first use; keep its directories private."""
         if not (self.git_dir / "HEAD").exists():
-            self.git_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ensure_private_dir(self.git_dir.parent)
             self.run("init", "--quiet")  # at GIT_DIR (the environment names it), its work tree the workspace
             hooks = self.git_dir / "hooks"
             if hooks.is_dir():
                 shutil.rmtree(hooks, ignore_errors=True)
             (self.git_dir / "info").mkdir(mode=0o700, exist_ok=True)
+            _sync_tree(self.git_dir)  # git syncs objects, not what init made: a power cut must not take the repository
+            fsync_dir(self.git_dir.parent)
         for directory in (self.git_dir.parent, self.git_dir):  # 0700 whatever the umask was when they were made
             with contextlib.suppress(OSError):
                 if stat.S_IMODE(os.stat(directory).st_mode) != 0o700:
@@ -207,8 +212,11 @@ class ShadowRepo:
         if not self._stale_checked:
             self._stale_checked = True
             Path(f"{self.index}.lock").unlink(missing_ok=True)
+            if not _index_whole(self.index):  # git never syncs an index: a power cut can leave it short or empty
+                self.index.unlink(missing_ok=True)
             if not self.index.exists():  # start from another session's index: its file stats spare re-hashing
                 others = sorted(self.git_dir.glob("index-*[!k]"), key=lambda p: p.stat().st_mtime, reverse=True)
+                others = [other for other in others if _index_whole(other)]
                 if others:
                     with contextlib.suppress(OSError):
                         shutil.copyfile(others[0], self.index)
@@ -229,7 +237,7 @@ class ShadowRepo:
                     left.append(self._entry(path, why))
                 if not path.endswith("/"):
                     drop.append(path)  # out of the index too, if an earlier snapshot took it
-        self._bulk = len(take) > BULK
+        self._bulk = len(take) > BULK and self._syncfs_works()
         try:
             if drop:  # first: a file that became a directory leaves the index before what the directory holds comes in
                 self._update_index("--force-remove", paths=drop)
@@ -325,7 +333,7 @@ class ShadowRepo:
                 with contextlib.suppress(OSError):
                     if len(entry.name) == 2 and entry.stat(follow_symlinks=False).st_mtime_ns >= since_ns - 10_000_000:
                         dirs.append(Path(entry.path))
-        if len(dirs) > SYNC_DIRS:  # one syncfs of the store's file system costs less than many directory fsyncs
+        if len(dirs) > SYNC_DIRS and self._syncfs_works():  # one syncfs costs less than many directory fsyncs
             _syncfs(objects)
             return
         for directory in dirs:
@@ -334,6 +342,11 @@ class ShadowRepo:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def _syncfs_works(self) -> bool:
+        if self._syncfs is None:
+            self._syncfs = not file_system_type(self.git_dir).startswith("fuse")
+        return self._syncfs
 
     # -- reading snapshots back -------------------------------------------------------------------------------------
 
@@ -388,6 +401,49 @@ def _syncfs(directory: Path) -> None:
             os.sync()
     finally:
         os.close(fd)
+
+
+def file_system_type(path: Path) -> str:
+    """The type of the file system holding `path` ("ext4", "fuse.sshfs", …; "" when unknown), from the mount table.
+    Linux does not pass syncfs on to a FUSE server, so there only per-file fsyncs make a write durable."""
+    try:
+        device = os.stat(path).st_dev
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
+            for line in table:
+                fields = line.split()
+                if "-" in fields and fields[2] == f"{os.major(device)}:{os.minor(device)}":
+                    return fields[fields.index("-") + 1]
+    except (OSError, IndexError, ValueError):
+        pass
+    return ""
+
+
+def _index_whole(index: Path) -> bool:
+    """Whether a git index file is complete: its signature, and the SHA-1 of everything before its last 20 bytes
+    matching them (all zeros when git skipped the hash). A missing index counts as whole (git starts afresh)."""
+    try:
+        data = index.read_bytes()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if len(data) < 32 or not data.startswith(b"DIRC"):
+        return False
+    trailer = data[-20:]
+    return trailer == bytes(20) or hashlib.sha1(data[:-20]).digest() == trailer
+
+
+def _sync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (deepest first), then `root` itself."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            with contextlib.suppress(OSError):
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        fsync_dir(Path(folder))
 
 
 def _paths(out: bytes) -> list[str]:

@@ -19,6 +19,7 @@ and `run_command`, which runs an arbitrary shell anyway. It keeps the model's fi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -186,6 +187,8 @@ def locate(workspace: Path, path: str, *, make_parents: bool = False) -> Iterato
                         raise MissingPath(_lexical(tuple(n for n, _ in stack) + (name,), pending, path, root)) from None
                     try:
                         os.mkdir(name, dir_fd=here())
+                        with contextlib.suppress(OSError):  # the new name survives a power cut (SPEC §12)
+                            os.fsync(here())
                     except FileExistsError:
                         pass
                     retries += 1
