@@ -124,6 +124,9 @@ def reach_approval(rig: Rig, sid: str, server: OpenAIServer) -> Child:
     ]
     child = rig.spawn(*script_run(rig, sid, [{"tool_calls": calls}]), failpoint="approval")
     child.wait_failpoint("approval", sid)
+    # the answer and approval/asked are write-behind (no barrier until pre-tool; failpoints never flush): wait until
+    # they reached the OS, as they do within the window while a real operator reads the dialog
+    wait_until(lambda: rig.stored_types(sid)[-1:] == ["approval/asked"], "approval/asked written", child=child)
     return child
 
 
@@ -134,6 +137,8 @@ def reach_after_tool_result(rig: Rig, sid: str, server: OpenAIServer) -> Child:
     ]
     child = rig.spawn(*script_run(rig, sid, [{"tool_calls": calls}], "--yes"), failpoint="after-tool-result")
     child.wait_failpoint("after-tool-result", sid)
+    # the result is write-behind (durable at the next barrier; failpoints never flush): wait until it reached the OS
+    wait_until(lambda: rig.stored_types(sid)[-1:] == ["tool/result"], "tool/result written", child=child)
     return child
 
 

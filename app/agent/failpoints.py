@@ -3,16 +3,28 @@ the process stops at NAME: it writes one JSON line (`{"failpoint", "session", "p
 can SIGKILL it at exactly that point. Installed as ordinary hook wrappers *inside* the checkpoint policy's, so a
 failpoint sits after the barrier at the same point. Without the variables nothing is installed.
 
-| NAME              | where it stops                                                              |
-|-------------------|-----------------------------------------------------------------------------|
-| prompt-accepted   | after the first pre-step barrier of a turn (the prompt is durable)           |
-| approval          | while a call waits for approval (headless approver)                         |
-| after-tool-result | after the first top-level tool result was appended and written, before step/end |
-| turn-ended        | after the turn-end barrier                                                   |
-| tool-body-start   | after the first top-level call's pre-tool barrier, before its body runs      |
-| tool-body-done    | after the first top-level call's body returned, before its result is appended |
-| rewind-planned    | after a rewind's plan is durable, before its first file is touched          |
-| rewind-restored   | after a rewind restored (and recorded) its first file                       |
+**Failpoints stop; they never flush** (GUIDE §7). What is durable when one stops is what the product itself made
+durable by then — a failpoint that flushed would hide a missing barrier from every crash test that stops there. The
+last column says what that is; an event marked *write-behind* reaches the OS within the coordinator's window (SPEC §1)
+and is durable only at the next barrier, so a test that needs it written waits for it (on the stored log), not for
+the marker alone.
+
+| NAME              | where it stops                              | durable then, by the product itself          |
+|-------------------|---------------------------------------------|----------------------------------------------|
+| prompt-accepted   | after the first pre-step barrier of a turn  | the prompt (pre-step)                        |
+| approval          | while a call waits for approval (headless   | through `request/header` (pre-request); the  |
+|                   | approver)                                   | answer and `approval/asked` are write-behind |
+| after-tool-result | after the first top-level tool result was   | through its `tool/call` (pre-tool); the      |
+|                   | appended, before step/end                   | result is write-behind                       |
+| turn-ended        | after the turn-end barrier                  | the whole turn (turn-end)                    |
+| tool-body-start   | after the first top-level call's pre-tool   | its `tool/call` (pre-tool)                   |
+|                   | barrier, before its body runs               |                                              |
+| tool-body-done    | after the first top-level call's body       | its `tool/call` (pre-tool)                   |
+|                   | returned, before its result is appended     |                                              |
+| rewind-planned    | after a rewind's plan, before its first     | the plan (the barrier before any file)       |
+|                   | file is touched                             |                                              |
+| rewind-restored   | after a rewind restored its first file and  | the plan and that `rewind/file` (the         |
+|                   | recorded it                                 | barrier after each restored path)            |
 """
 
 from __future__ import annotations
@@ -53,8 +65,7 @@ class Failpoint:
             return await call_next()
 
         async def after_tool(ctx: Any, call_next: Callable[[], Any]) -> Any:
-            await self.session.flush()  # "written": make sure the result reached the file before we stop
-            await self.stop_here()
+            await self.stop_here()  # the result is appended; write-behind hands it to the OS, nothing here forces it
 
         async def turn_ended(ctx: Any, call_next: Callable[[], Any]) -> Any:
             await self.stop_here()
@@ -82,8 +93,7 @@ class Failpoint:
             return approver
 
         async def waiting(request: ApprovalRequest) -> Any:
-            await self.session.flush()  # approval/asked is on disk, as a live UI would have it after its write window
-            await self.stop_here()
+            await self.stop_here()  # approval/asked is appended (write-behind), as a live dialog would have it
 
         return waiting
 
@@ -97,8 +107,8 @@ def from_env(session: LiveSession, env: Mapping[str, str] | None = None) -> Fail
 
 
 async def rewind_point(name: str, session: LiveSession, env: Mapping[str, str] | None = None) -> None:
-    """Stop at a rewind's failpoint `name` when CAIRN_FAILPOINT names it (the engine calls this; nothing otherwise)."""
+    """Stop at a rewind's failpoint `name` when CAIRN_FAILPOINT names it (the engine calls this; nothing otherwise).
+    Nothing is flushed here: the engine's own barriers made the plan (and each restored path's record) durable."""
     env = os.environ if env is None else env
     if env.get("CAIRN_FAILPOINT") == name and env.get("CAIRN_FAILPOINT_MARKER"):
-        await session.flush()
         await Failpoint(name, env["CAIRN_FAILPOINT_MARKER"], session).stop_here()

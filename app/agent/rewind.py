@@ -19,7 +19,8 @@ goes back to its before-image, a file that holds neither what Cairn last wrote n
 
 **Crash safety and undo.** The plan (`rewind/plan`) — with the state of every path it will change, kept in the shadow
 repository (a `rewind-start` snapshot) or as before-images — is durable before the first file is touched; each path
-restored is recorded (`rewind/file`); `conversation/rewind` and `rewind/end` close it. A plan without an end is an
+restored is recorded durably (`rewind/file`, a barrier before the next path is touched); `conversation/rewind` and
+`rewind/end` close it. A plan without an end is an
 interrupted rewind: everything else waits until it is finished (each path checked against the plan's expected state
 first; a path outside the plan is never touched) or abandoned. `undo_rewind` is a rewind whose plan is the inverse of
 the most recent one's: what it changed goes back to what the plan recorded it held.
@@ -710,6 +711,9 @@ async def _carry_out(session: LiveSession, workspace: Path, blobs: BlobStore | N
         if why is None:
             outcome.restored.append(item.path)
             session.append(RewindStep(rewind_id=plan.rewind_id, path=item.path, outcome="done"))
+            # durable before the next path is touched (the restored file itself was fsync'd): after a crash or a
+            # power cut, what the interrupted rewind shows as restored is what was (SPEC §9: each path is recorded)
+            await session.flush()
             await rewind_point("rewind-restored", session)
         else:
             outcome.skipped.append((item.path, why))
