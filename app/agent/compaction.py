@@ -107,8 +107,7 @@ def is_context_overflow(error: ProviderError) -> bool:
     """Whether a provider error says the request was too long for the model's context."""
     if error.code not in ("HTTP_400", "HTTP_413", "HTTP_422", "STREAM_ERROR"):
         return False
-    text = str(error).lower()
-    return any(word in text for word in OVERFLOW_WORDS)
+    return error.says(*OVERFLOW_WORDS)  # its message, or the code beside it (`context_length_exceeded`)
 
 
 # where a refusal names the window: llama.cpp "available context size (8192 tokens)", OpenAI / vLLM "maximum context

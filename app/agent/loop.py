@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 import logging
 import math
 import random
@@ -66,7 +65,18 @@ from cairn.persistence.events import (
 from cairn.persistence.blobs import MAX_BEFORE_IMAGE, BlobStore
 from cairn.persistence.session import LiveSession
 
-from ..providers.base import ModelRequest, Provider, ProviderError, RawToolCall, ReasoningDelta, StreamEnd, TextDelta
+from ..providers.base import (
+    MAX_JSON_NESTING,
+    ModelRequest,
+    NestedTooDeeply,
+    Provider,
+    ProviderError,
+    RawToolCall,
+    ReasoningDelta,
+    StreamEnd,
+    TextDelta,
+    parse_json,
+)
 from ..tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
 from ..tools.command import run_command
 from ..tools.files import Fingerprint, edit_file, fingerprint, write_file
@@ -158,12 +168,23 @@ def parse_arguments(raw: str) -> Any:
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
+        value = parse_json(raw)  # (nested over MAX_JSON_NESTING, or past Python's parser, is invalid too)
     except ValueError:
         return raw
     if _has_non_finite(value):
         return raw  # NaN/Infinity are not JSON; keep exactly what the model sent
     return value
+
+
+def _too_deep(raw: str) -> bool:
+    """Whether arguments that did not parse failed for their nesting alone (for the message to the model)."""
+    try:
+        parse_json(raw)
+    except NestedTooDeeply:
+        return True
+    except ValueError:
+        return False
+    return False
 
 
 def _has_non_finite(value: Any) -> bool:
@@ -709,6 +730,8 @@ class AgentLoop:
         if not isinstance(request.arguments, dict):
             self._record_call(st, call)
             what = "not valid JSON" if isinstance(request.arguments, str) else "not a JSON object"
+            if isinstance(request.arguments, str) and _too_deep(request.arguments):
+                what = f"nested more than {MAX_JSON_NESTING} levels deep"
             self._append_result(st, call, ToolOutcome(f"The arguments are {what}; send a JSON object.", BAD_ARGUMENTS))
             return
         if CUT_ARGUMENTS in request.arguments:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..providers.base import ProviderError
+
 # What such servers say (llama.cpp's Jinja error, and the wordings of servers that reject the role outright).
 REFUSAL_WORDS = (
     "roles must alternate", "unable to generate parser for this template", "tool role", "role 'tool'",
@@ -18,12 +20,11 @@ REFUSAL_WORDS = (
 )
 
 
-def refuses_tool_role(error: Any) -> bool:
+def refuses_tool_role(error: ProviderError) -> bool:
     """Whether a provider error is a chat template refusing the tool role or tool calls."""
-    if getattr(error, "code", "") not in ("HTTP_400", "HTTP_422", "HTTP_500"):
+    if error.code not in ("HTTP_400", "HTTP_422", "HTTP_500"):
         return False
-    text = str(error).lower()
-    return any(word in text for word in REFUSAL_WORDS)
+    return error.says(*REFUSAL_WORDS)
 
 
 def as_text_form(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ import httpx
 
 from cairn.persistence.events import Usage
 
-from .base import ModelRequest, RawToolCall, ReasoningDelta, StreamEnd, StreamItem, TextDelta
+from .base import ModelRequest, RawToolCall, ReasoningDelta, StreamEnd, StreamItem, TextDelta, parse_json
 from .openai import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT,
@@ -144,7 +144,7 @@ class AnthropicProvider(OpenAIProvider):
 
     def _handle_event(self, data: str, state: Any) -> list[StreamItem]:
         try:
-            event = json.loads(data)
+            event = parse_json(data)
         except ValueError:
             raise self._malformed(f"a data line is not JSON: {one_line_cut(self._scrub(data), 120)}") from None
         if not isinstance(event, dict):
@@ -186,7 +186,7 @@ class AnthropicProvider(OpenAIProvider):
         """A server that ignored `stream: true` and answered one message object."""
         raw = await response.aread()
         try:
-            data = json.loads(raw)
+            data = parse_json(raw)
         except ValueError:
             snippet = one_line_cut(self._scrub(raw.decode("utf-8", "replace")), 120)
             raise self._malformed(f"the answer is not JSON: {snippet}") from None
@@ -330,7 +330,7 @@ def to_anthropic(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, An
             for call in message.get("tool_calls") or []:
                 function = call.get("function") or {}
                 try:
-                    arguments = json.loads(function.get("arguments") or "{}")
+                    arguments = parse_json(function.get("arguments") or "{}")
                 except ValueError:
                     arguments = {}
                 blocks.append({"type": "tool_use", "id": ids.get(call.get("id")),

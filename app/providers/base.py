@@ -4,11 +4,39 @@ tool calls. Providers never see the session; the loop records what they produce.
 
 from __future__ import annotations
 
+import json
 from typing import Any, AsyncIterator, Protocol
 
 import msgspec
 
 from cairn.persistence.events import Usage
+
+from ..config.checks import nested_deeper_than
+
+MAX_JSON_NESTING = 64  # levels of arrays/objects in anything a server or model sends (a chunk nests about 7)
+
+
+class NestedTooDeeply(ValueError):
+    """JSON from outside nests its arrays or objects deeper than MAX_JSON_NESTING (or than Python can parse)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"arrays or objects nested more than {MAX_JSON_NESTING} levels deep")
+
+
+def parse_json(text: str | bytes | bytearray) -> Any:
+    """`json.loads` for what a server or a model sends: a ValueError for whatever is malformed, including JSON nested
+    so deeply that Python's parser would raise RecursionError (100,000 `[` in one chunk), or nested deeper than
+    MAX_JSON_NESTING (a value that only just parsed could still overflow the stack later, when it is checked, encoded
+    or sent back). Callers treat it like any malformed JSON: a malformed stream, or invalid tool arguments."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise NestedTooDeeply() from None
+    if isinstance(value, (list, dict)):
+        opened = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")
+        if opened > MAX_JSON_NESTING and nested_deeper_than(value, MAX_JSON_NESTING):  # (cheap bound first)
+            raise NestedTooDeeply()
+    return value
 
 
 class ToolSchema(msgspec.Struct, frozen=True):
@@ -66,15 +94,24 @@ class ProviderError(Exception):
 
     `retryable`: the same request may succeed if sent again (a retryable HTTP status, a connection failure) — the loop
     retries only when no delta of the answer had arrived. `retry_after`: seconds the server asked us to wait.
+    `server_codes`: the identifiers the server's error body gave beside its message (OpenAI's `code`, llama.cpp's
+    `type`: `context_length_exceeded`, `exceed_context_size_error`), which say what happened as surely as its words.
     """
 
     def __init__(
-        self, message: str, code: str = "PROVIDER_ERROR", retryable: bool = False, retry_after: float | None = None
+        self, message: str, code: str = "PROVIDER_ERROR", retryable: bool = False, retry_after: float | None = None,
+        server_codes: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
         self.code = code
         self.retryable = retryable
         self.retry_after = retry_after
+        self.server_codes = server_codes
+
+    def says(self, *words: str) -> bool:
+        """Whether the message or one of the server's codes contains one of `words` (lower case)."""
+        said = " ".join((str(self), *self.server_codes)).lower()
+        return any(word in said for word in words)
 
 
 class Provider(Protocol):

@@ -65,6 +65,7 @@ from .base import (
     StreamEnd,
     StreamItem,
     TextDelta,
+    parse_json,
 )
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -381,9 +382,11 @@ class OpenAIProvider:
         return text
 
     def _error(
-        self, message: str, code: str, retryable: bool = False, retry_after: float | None = None
+        self, message: str, code: str, retryable: bool = False, retry_after: float | None = None,
+        server_codes: tuple[str, ...] = (),
     ) -> ProviderError:
-        return ProviderError(self._scrub(_one_line(message)), code=code, retryable=retryable, retry_after=retry_after)
+        return ProviderError(self._scrub(_one_line(message)), code=code, retryable=retryable, retry_after=retry_after,
+                             server_codes=tuple(self._scrub(c) for c in server_codes))
 
     def _malformed(self, detail: str) -> ProviderError:
         return self._error(f"malformed stream from {self._shown_url}: {detail}", "MALFORMED_STREAM")
@@ -534,6 +537,7 @@ class OpenAIProvider:
             f"HTTP_{status}",
             retryable=status in RETRYABLE_STATUSES,
             retry_after=parse_retry_after(response.headers),
+            server_codes=error_codes(text),
         )
 
     async def _non_streaming(self, response: httpx.Response, state: "_StreamState") -> AsyncIterator[StreamItem]:
@@ -543,7 +547,7 @@ class OpenAIProvider:
                 yield item
             return
         try:
-            data = json.loads(raw)
+            data = parse_json(raw)
         except ValueError:
             snippet = one_line_cut(self._scrub(raw.decode("utf-8", "replace")), 120)
             raise self._malformed(f"the answer is not JSON: {snippet}") from None
@@ -619,7 +623,7 @@ class OpenAIProvider:
 
     def _handle_event(self, data: str, state: "_StreamState") -> list[StreamItem]:
         try:
-            chunk = json.loads(data)
+            chunk = parse_json(data)
         except ValueError:
             raise self._malformed(f"a data line is not JSON: {one_line_cut(self._scrub(data), 120)}") from None
         if not isinstance(chunk, dict):
@@ -662,7 +666,8 @@ class OpenAIProvider:
         no chunk of the answer came before it (OpenRouter reports upstream overloads this way)."""
         error = payload.get("error")
         if error:
-            detail = error_detail(json.dumps({"error": error})) or "unknown error"
+            body = json.dumps({"error": error})
+            detail = error_detail(body) or "unknown error"
             status = error.get("code") if isinstance(error, dict) else None
             try:
                 status = int(status) if status is not None and not isinstance(status, bool) else None
@@ -672,6 +677,7 @@ class OpenAIProvider:
                 f"{self._shown_url} reported an error: {one_line_cut(self._scrub(detail))}",
                 "STREAM_ERROR",
                 retryable=status in RETRYABLE_STATUSES and not state.started,
+                server_codes=error_codes(body),
             )
 
     def _add_tool_calls(self, state: "_StreamState", tool_calls: Any) -> None:
@@ -735,7 +741,7 @@ class _StreamState:
 
 def _is_json(text: str) -> bool:
     try:
-        json.loads(text)
+        parse_json(text)
     except ValueError:
         return False
     return True
@@ -750,6 +756,20 @@ async def _collect(items: AsyncIterator[StreamItem]) -> list[StreamItem]:
     return [item async for item in items]
 
 
+def error_codes(text: str) -> tuple[str, ...]:
+    """The identifiers an error body gives beside its message: the `code` and `type` that are words (OpenAI's
+    `"code": "context_length_exceeded"`, llama.cpp's `"type": "exceed_context_size_error"`), not numbers."""
+    try:
+        data = parse_json(text)
+    except ValueError:
+        return ()
+    if not isinstance(data, dict):
+        return ()
+    inner = data.get("error")
+    error: dict[str, Any] = inner if isinstance(inner, dict) else data
+    return tuple(v[:200] for v in (error.get("code"), error.get("type")) if isinstance(v, str) and v)
+
+
 def error_detail(text: str) -> str:
     """The server's error message from an error body (`error.message`, `error` as text, `message`, `detail`), or the
     body's text itself."""
@@ -757,7 +777,7 @@ def error_detail(text: str) -> str:
     if not text:
         return ""
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError:
         return text
     if isinstance(data, dict):

@@ -42,15 +42,26 @@ def split_text(text: str, pieces: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+MAX_SCRIPT_BYTES = 256 * 1024 * 1024
+
+
 def load_script(path: str | Path) -> list[dict[str, Any]]:
+    from ..config.checks import ConfigError, read_regular_file
+
+    try:  # a FIFO or device named as the script is refused, never opened for reading (it would block)
+        raw = read_regular_file(path, "script file", MAX_SCRIPT_BYTES)
+    except ConfigError as e:
+        raise ScriptError(str(e)) from None
+    if len(raw) > MAX_SCRIPT_BYTES:
+        raise ScriptError(f"script file {path} is larger than {MAX_SCRIPT_BYTES >> 20} MiB; is it the right file?")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ScriptError(f"script file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
         raise ScriptError(f"cannot read script file {path}: {e}") from None
     except json.JSONDecodeError as e:
         raise ScriptError(f"script file {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise ScriptError(f"script file {path} is not valid JSON: arrays or objects nested too deeply") from None
     responses = data.get("responses") if isinstance(data, dict) else None
     if not isinstance(responses, list):
         raise ScriptError(f'script file {path} must be an object with a "responses" list')
