@@ -154,8 +154,15 @@ async def mount_agent(
 
 def workspace_snapshots(config: Config, report: Callable[[str], None] | None, workspace: Path | None = None,
                         session_id: str = "shared", holds_secret: Callable[[bytes], bool] | None = None) -> Any:
-    """The shadow git repository of `workspace` (default: the config's; SPEC §9 rev 3), or None when snapshots are off
-    or git is missing (one line says so: rewind then restores only what the file tools changed)."""
+    """The shadow git repository of `workspace` (default: the config's; SPEC §9 rev 3), or None when snapshots are off,
+    git is missing, or the store cannot be used (one line says so: rewind then restores only what the file tools
+    changed).
+
+    An unusable store (`CAIRN_HOME/snapshots`, or the workspace's repository in it, is a regular file, a FIFO, a
+    dangling link, unreadable) is treated like a missing git, not like a broken session: snapshots are an addition to
+    the log (SPEC §9: without them rewind works from the before-images "and says so"), and a session stays continuable
+    whatever sits beside it (§7). So turns go on without snapshots and a rewind works from the before-images, each
+    saying once which path is in the way; nothing is created or removed at that path."""
     if getattr(config, "snapshots", "auto") == "off":
         return None
     from .agent.snapshots import ShadowRepo, git_path
@@ -164,7 +171,36 @@ def workspace_snapshots(config: Config, report: Callable[[str], None] | None, wo
         if report is not None:
             report("git is not installed: no workspace snapshots, so rewind restores only what Cairn's file tools changed")
         return None
-    return ShadowRepo(Path(config.home), Path(workspace or config.workspace), session_id, holds_secret=holds_secret)
+    repo = ShadowRepo(Path(config.home), Path(workspace or config.workspace), session_id, holds_secret=holds_secret)
+    unusable = unusable_snapshot_store(repo.git_dir)
+    if unusable is not None:
+        if report is not None:
+            report(f"{unusable}: no workspace snapshots, so rewind restores only what Cairn's file tools changed "
+                   "(move it away to have snapshots again)")
+        return None
+    return repo
+
+
+def unusable_snapshot_store(git_dir: Path) -> str | None:
+    """Why the snapshot store at `git_dir` (`CAIRN_HOME/snapshots/<key>.git`) cannot be used, or None (it can, or is
+    not made yet). Looked at with stat only: nothing is opened, so a FIFO there never blocks."""
+    import os
+    import stat
+
+    for path in (git_dir.parent, git_dir):
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            if os.path.islink(path):
+                return f"the snapshot store {path} is a symbolic link to nothing"
+            return None  # made on first use
+        except OSError as e:
+            return f"the snapshot store {path} cannot be looked at ({e.strerror})"
+        if not stat.S_ISDIR(mode):
+            kind = {stat.S_IFREG: "a regular file", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+                    stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}.get(stat.S_IFMT(mode), "not a directory")
+            return f"the snapshot store {path} is {kind}, not a directory"
+    return None
 
 
 def new_mcp_servers(config: Config, report: Callable[[str], None] | None) -> Any:

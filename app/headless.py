@@ -35,7 +35,7 @@ from cairn.widgets.terminal_text import safe_json, safe_text
 from .agent.approval import headless_approver
 from .compose import Agent, open_agent
 from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, fail
-from .render import first_line, result_status, summarize_arguments
+from .render import first_line, result_status, shown_model, summarize_arguments
 
 REASONING_PREFIX = "thinking┆ "
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -164,7 +164,8 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
             sys.stdout.buffer.write(safe_json(session_line(agent)) + b"\n")
             sys.stdout.buffer.flush()
         else:
-            note(f"cairn: session {session.id} ({agent.config.backend}, {agent.provider.name} {agent.provider.model})")
+            model = shown_model(agent.provider.model, session.coordinator.secrets)
+            note(f"cairn: session {session.id} ({agent.config.backend}, {agent.provider.name} {model})")
         for event in session.repaired:
             if args.json:
                 printer(event)
@@ -201,7 +202,7 @@ def session_line(agent: Agent) -> bytes:
     assert agent.config is not None and agent.provider is not None
     return msgspec.json.encode({
         "type": "session", "id": agent.session.id, "backend": agent.config.backend,
-        "provider": agent.provider.name, "model": agent.provider.model,
+        "provider": agent.provider.name, "model": shown_model(agent.provider.model, agent.session.coordinator.secrets),
     })
 
 

@@ -33,6 +33,19 @@ STATUS_WORDS = {
 }
 
 
+def shown_model(model: str | None, secrets: "tuple[str, ...] | list[str]" = ()) -> str:
+    """A model name as it may be echoed (stderr, `cairn config`, `run --json`'s first line). The operator may have
+    pasted a key into --model (`--model sk-…`) or a URL holding a token: configured secret values and anything shaped
+    like a credential are masked with prompt history's rules (`history.redact`), and so is a URL's user part
+    (`https://TOKEN@host`, which those rules keep)."""
+    import re
+
+    from .history import redact
+
+    text = redact(model or "", tuple(secrets))
+    return re.sub(r"(?<=://)[^/\s@]+(?=@)", "***", text)
+
+
 def result_status(result: ToolResult) -> str:
     return STATUS_WORDS.get(result.error_code, result.error_code or "ok")
 

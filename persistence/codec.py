@@ -92,9 +92,12 @@ def _decode_slowly(body: bytes, path: str, first_line: int, tail_may_be_torn: bo
             blanks += len(line) + 1
             continue
         try:
-            event = event_decoder.decode(line)
-        except msgspec.ValidationError as e:
-            event = ignorable_or_refuse(line, path, line_no, e)
+            try:
+                event = event_decoder.decode(line)
+            except msgspec.ValidationError as e:
+                # (msgspec reads the tag first: a line damaged after an unknown-looking tag is a ValidationError
+                # here and a DecodeError once the raw JSON is parsed)
+                event = ignorable_or_refuse(line, path, line_no, e)
         except msgspec.DecodeError:
             if tail_may_be_torn and i == last and not unterminated:
                 break  # a complete-looking last line that is not JSON: torn by a crash
@@ -108,6 +111,9 @@ def _decode_slowly(body: bytes, path: str, first_line: int, tail_may_be_torn: bo
 
 
 def ignorable_or_refuse(line: bytes, path: str, line_no: int, error: Exception) -> IgnorableEvent:
+    """The ignorable event a line that failed validation holds, or CorruptLog naming `path:line_no`. Raises
+    msgspec.DecodeError when the line is not JSON at all (its tag read before the damage): the caller decides whether
+    that is a torn tail or corruption."""
     raw = raw_decoder.decode(line)
     if isinstance(raw, dict) and raw.get("ignorable") is True and isinstance(raw.get("type"), str):
         seq, time = raw.pop("seq", None), raw.pop("time", None)

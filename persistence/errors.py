@@ -102,6 +102,30 @@ class CheckpointFailed(PersistenceError):
         self.cause = cause
 
 
+class NotDurableAtClose(CheckpointFailed):
+    """The last flush, when a session is closed, failed: no later checkpoint will retry what is still queued.
+
+    Says what is true then (SPEC §5: no "the next checkpoint retries" when there is none): which events are durable,
+    which were not written, and what a resume makes of it. Events written to the OS before the error may still be on
+    disk (a resume keeps every complete line, cuts a torn one); the rest are lost."""
+
+    def __init__(self, session_id: str, cause: BaseException, durable_seq: int, last_seq: int) -> None:
+        lost = last_seq - durable_seq
+        kept = (f"Events up to seq {durable_seq} are durable" if durable_seq >= 0
+                else "None of its events is durable")
+        PersistenceError.__init__(
+            self,
+            f"session {session_id!r} was closed without writing its last {lost} event{'s' if lost != 1 else ''} "
+            f"(seq {durable_seq + 1}–{last_seq}): {cause}. {kept}; of the later ones only what reached the disk "
+            f"before the error survives, the rest is lost. Resuming the session (cairn run --resume {session_id}) "
+            "keeps what is on disk and closes an unfinished turn as interrupted; free some space or fix the disk "
+            "first",
+        )
+        self.cause = cause
+        self.durable_seq = durable_seq
+        self.last_seq = last_seq
+
+
 class StaleWriter(PersistenceError):
     """Another writer appended to this session behind our back; we stop writing rather than interleave."""
 

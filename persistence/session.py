@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Awaitable, Callable, Iterable
 
 from .coordinator import CHUNKS, DEFAULT_WINDOW, Coordinator
+from .errors import CheckpointFailed, NotDurableAtClose
 from .events import AnyEvent, SessionHeader
 from .store import OpenedSession
 
@@ -82,6 +83,9 @@ class LiveSession:
     async def __aexit__(self, *exc_info: object) -> None:
         try:
             await self.coordinator.aclose()
+        except CheckpointFailed as e:  # nothing retries after a close: say what is durable and what is not
+            coordinator = self.coordinator
+            raise NotDurableAtClose(self.id, e.cause, coordinator.durable_seq, coordinator.next_seq - 1) from e
         finally:
             self._lock.release()
 

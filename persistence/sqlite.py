@@ -77,23 +77,100 @@ CREATE TABLE IF NOT EXISTS events (
 
 Connect = Callable[[str], sqlite3.Connection]
 
+# What an SQLite call can raise for a damaged file: its errors, and a UnicodeDecodeError when the message SQLite
+# composed quotes damaged bytes ("malformed database schema (<not UTF-8>)") and Python cannot decode it.
+SQLITE_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+
 
 def default_connect(path: str) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT)
 
 
-def _is_busy(e: sqlite3.Error) -> bool:
+def _is_busy(e: sqlite3.Error | UnicodeDecodeError) -> bool:
     return getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(e)
 
 
-def translate(e: sqlite3.Error, path: Path, doing: str, busy_wait: float = OPEN_BUSY_TIMEOUT) -> PersistenceError:
-    """One readable persistence error for an SQLite failure (the CLI maps it to an exit code)."""
+def translate(e: sqlite3.Error | UnicodeDecodeError, path: Path, doing: str,
+              busy_wait: float = OPEN_BUSY_TIMEOUT) -> PersistenceError:
+    """One readable persistence error for an SQLite failure (the CLI maps it to an exit code).
+
+    Damage is exit 4 (CorruptDatabase) whatever words SQLite found for it: "not a database", "malformed", a text value
+    that is not UTF-8, a value larger than SQLite allows, or a header field no SQLite writes (a damaged write version
+    reads as "attempt to write a readonly database", a damaged schema format as "unsupported file format"). Only what
+    is left — a full disk, permissions, a read-only file system, an I/O error — is StoreUnavailable (exit 2), and its
+    message names that cause rather than guessing between them."""
     code = getattr(e, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
     if _is_busy(e):
         return DatabaseBusy(str(path), busy_wait)
-    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT) or "not a database" in str(e) or "malformed" in str(e):
+    if isinstance(e, UnicodeDecodeError):
+        return CorruptDatabase(str(path), "not a usable SQLite database (malformed: SQLite reports bytes that are "
+                                          "not UTF-8 in its schema or a stored text)")
+    if (primary in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_TOOBIG) or "not a database" in str(e)
+            or "malformed" in str(e) or isinstance(e, DamagedText)):
         return CorruptDatabase(str(path), f"not a usable SQLite database ({e})")
-    return StoreUnavailable(f"cannot {doing} {path}: {e}; free some space or fix permissions, or use --home", e)
+    damage = header_damage(path)
+    if damage is not None:
+        return CorruptDatabase(str(path), f"not a usable SQLite database: {damage} ({e})")
+    if primary == sqlite3.SQLITE_FULL:
+        advice = "the disk is full; free some space, or use --home"
+    elif primary in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH):
+        advice = f"fix the permissions of {path.parent} and its files (or mount it writable), or use --home"
+    else:
+        advice = "check the disk (free space, permissions), or use --home"
+    return StoreUnavailable(f"cannot {doing} {path}: {e}; {advice}", e)
+
+
+class DamagedText(sqlite3.DataError):
+    """A stored text value that is not UTF-8: SQLite never writes one, so the page holding it is damaged."""
+
+
+def _strict_text(data: bytes) -> str:
+    """The text factory of Cairn's connections: a damaged text value is an sqlite3.Error (translated to exit 4 like
+    any other damage), not a UnicodeDecodeError escaping every handler."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DamagedText("a stored text value is not valid UTF-8: database disk image is malformed") from None
+
+
+_MAGIC = b"SQLite format 3\x00"
+
+
+def header_damage(path: Path) -> str | None:
+    """What is impossible in the database file's 100-byte header (None: nothing found, or the file cannot be read).
+
+    Asked only after SQLite refused the file, to tell damage from an unusable disk: the fields checked are those every
+    SQLite writes one way (https://sqlite.org/fileformat.html §1.3). An empty file is a database not yet written."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.pread(fd, 100, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not head:
+        return None
+    if len(head) < 100 or not head.startswith(_MAGIC):
+        return "its first 100 bytes are not an SQLite header"
+    page = int.from_bytes(head[16:18], "big")
+    if page != 1 and not (512 <= page <= 32768 and page & (page - 1) == 0):
+        return f"its header gives an impossible page size ({page})"
+    if head[18] not in (1, 2) or head[19] not in (1, 2):
+        return f"its header gives an unknown file format version ({head[18]}, {head[19]})"
+    if head[21:24] != b"\x40\x20\x20":
+        return "its header's payload fractions are not the ones SQLite writes"
+    schema = int.from_bytes(head[44:48], "big")
+    if schema > 4:
+        return f"its header gives an unknown schema format ({schema})"
+    if int.from_bytes(head[56:60], "big") > 3:
+        return "its header gives an unknown text encoding"
+    return None
 
 
 def _on_event_loop() -> bool:
@@ -219,9 +296,10 @@ class SqliteBackend(Backend):
                 raise StoreUnavailable(f"cannot create {self.path}: {e.strerror}; free some space or use --home", e) from None
         try:
             conn = self._connect(str(self.path))
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             raise translate(e, self.path, "open", self.open_busy_timeout) from None
         try:
+            conn.text_factory = _strict_text
             conn.execute(f"PRAGMA busy_timeout={int(self.open_busy_timeout * 1000)}")
             self._check_schema(conn)
             conn.execute("PRAGMA journal_mode=WAL")
@@ -231,7 +309,7 @@ class SqliteBackend(Backend):
                 if not self._has_chk_column(conn):  # a database made before rev 3
                     conn.execute("ALTER TABLE sessions ADD COLUMN chk TEXT")
                 self._schema_ready = True
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             conn.close()
             raise translate(e, self.path, "open", self.open_busy_timeout) from None
         except BaseException:
@@ -254,25 +332,46 @@ class SqliteBackend(Backend):
         raise CorruptDatabase(str(self.path), f"not a Cairn session database (it holds the tables {names})")
 
     def _read_conn(self) -> sqlite3.Connection | None:
-        """A read-only connection on Cairn's database; None when there is no database (or it holds no tables)."""
+        """A read-only connection on Cairn's database; None when there is no database (or it holds no tables).
+
+        Reading is always allowed (SPEC §5), also where nothing can be written: a database in WAL mode opened with
+        `mode=ro` still wants to create its `-shm` file, which a read-only mount (or a directory this user may not
+        write) refuses. When that is why it cannot be opened and there is no write-ahead log to read (a session that
+        was closed cleanly checkpoints and removes it), the file alone is the whole database and is opened
+        `immutable`; with a non-empty `-wal` beside it, reading the file alone would miss what the log holds, so that
+        stays an error."""
         if not self._present():
             return None
-        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
         try:
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.open_busy_timeout)
-        except sqlite3.Error as e:
+            return self._read_conn_with("mode=ro")
+        except SQLITE_ERRORS as e:
+            if not (_cannot_open_read_only(e) and self._wal_is_empty()):
+                raise translate(e, self.path, "read", self.open_busy_timeout) from None
+        try:
+            return self._read_conn_with("mode=ro&immutable=1")
+        except SQLITE_ERRORS as e:
             raise translate(e, self.path, "read", self.open_busy_timeout) from None
+
+    def _read_conn_with(self, query: str) -> sqlite3.Connection | None:
+        uri = f"file:{urllib.parse.quote(str(self.path))}?{query}"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.open_busy_timeout)
         try:
+            conn.text_factory = _strict_text
             if not self._check_schema(conn):
                 conn.close()
                 return None
-        except sqlite3.Error as e:
-            conn.close()
-            raise translate(e, self.path, "read", self.open_busy_timeout) from None
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _wal_is_empty(self) -> bool:
+        try:
+            return os.lstat(f"{self.path}-wal").st_size == 0
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
 
     def _hold(self, conn: sqlite3.Connection, session_id: str) -> ByteHold:
         """Take the session's byte of the database file, or raise SessionLocked naming the live writer."""
@@ -289,7 +388,7 @@ class SqliteBackend(Backend):
         """The pid the live writer stamped in its token (0 when it cannot be read)."""
         try:
             row = conn.execute("SELECT writer FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        except sqlite3.Error:
+        except SQLITE_ERRORS:
             return 0
         pid = str(row[0] if row else "").rpartition(":")[2]
         return int(pid) if pid.isdigit() else 0
@@ -314,7 +413,7 @@ class SqliteBackend(Backend):
                 raise SessionExists(header.id) from None
             conn.execute("COMMIT")
             conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             _close_quietly(conn)
             hold.release()
             raise translate(e, self.path, "create a session in", self.open_busy_timeout) from None
@@ -339,7 +438,7 @@ class SqliteBackend(Backend):
             conn.execute("UPDATE sessions SET writer = ? WHERE id = ?", (token, session_id))
             conn.execute("COMMIT")
             conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             _close_quietly(conn)
             hold.release()
             raise translate(e, self.path, "open a session in", self.open_busy_timeout) from None
@@ -358,7 +457,7 @@ class SqliteBackend(Backend):
             if byte_is_held(self.path, hold_offset(session_id)):  # a live writer (even one whose lock file is gone)
                 log.extra["live_pid"] = self._writer_pid(conn, session_id)
             return log
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             raise translate(e, self.path, "read", self.open_busy_timeout) from None
         finally:
             conn.close()
@@ -413,7 +512,7 @@ class SqliteBackend(Backend):
             return False
         try:
             return conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is not None
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             raise translate(e, self.path, "read", self.open_busy_timeout) from None
         finally:
             conn.close()
@@ -425,7 +524,7 @@ class SqliteBackend(Backend):
         try:
             (total,) = conn.execute("SELECT SUM(LENGTH(body)) FROM events WHERE session_id = ?", (session_id,)).fetchone()
             return int(total or 0)
-        except sqlite3.Error:
+        except SQLITE_ERRORS:
             return None
         finally:
             conn.close()
@@ -442,7 +541,7 @@ class SqliteBackend(Backend):
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
                 conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             raise translate(e, self.path, "delete a session from", self.open_busy_timeout) from None
         finally:
             conn.close()
@@ -456,10 +555,16 @@ class SqliteBackend(Backend):
         try:
             rows = conn.execute("SELECT id FROM sessions ORDER BY id").fetchall()
             return [r[0] for r in rows if isinstance(r[0], str) and valid_session_id(r[0])]
-        except sqlite3.Error as e:
+        except SQLITE_ERRORS as e:
             raise translate(e, self.path, "list the sessions in", self.open_busy_timeout) from None
         finally:
             conn.close()
+
+
+def _cannot_open_read_only(e: sqlite3.Error | UnicodeDecodeError) -> bool:
+    """SQLite could not open the database for reading because it could not create or write beside it."""
+    code = getattr(e, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY)
 
 
 def _new_token() -> str:

@@ -428,9 +428,11 @@ async def test_foreign_or_corrupt_sqlite_file_is_one_line_and_left_untouched(tmp
     assert db.read_bytes() == before
 
 
-async def test_sqlite_store_that_cannot_be_read_is_an_error_not_an_empty_list(tmp_path):
-    """A WAL database whose `-shm` cannot be created (its directory is read-only) fails to open for reading, as a
-    full disk does: `cairn sessions` must say so, never "no sessions yet"."""
+async def test_sqlite_store_in_a_read_only_directory_is_read_or_refused_never_empty(tmp_path):
+    """Reading is always allowed (SPEC §5): a WAL database in a directory this user may not write (its `-shm` cannot
+    be created) is read from the file alone when no write-ahead log is beside it. When a log holding events is there
+    and its `-shm` cannot be made, the file alone would be an older, wrong answer: `cairn sessions` says it cannot read
+    the store (exit 2), never "no sessions yet" and never that stale list."""
     prefix, kwargs = unprivileged()
     if "user" in kwargs:
         pytest.skip("needs setpriv (a uid-65534 child cannot enter pytest's tmp_path)")
@@ -439,6 +441,25 @@ async def test_sqlite_store_that_cannot_be_read_is_an_error_not_an_empty_list(tm
     await write_session(store, "s", complete_turn(1, "hi"))
     for leftover in home.glob("sessions.sqlite3-*"):
         leftover.unlink()
+    home.chmod(0o500)
+    try:
+        listing = cairn(home, "--backend", "sqlite", "sessions", "--all", "--json", prefix=prefix)
+        show = cairn(home, "--backend", "sqlite", "show", "s", prefix=prefix)
+    finally:
+        home.chmod(0o700)
+    assert listing.returncode == 0 and "Traceback" not in listing.stderr, listing.stderr
+    assert [json.loads(line)["id"] for line in listing.stdout.splitlines()] == ["s"]
+    assert show.returncode == 0 and "hi" in show.stdout, show.stderr
+
+    killed = ("import os, sqlite3, sys\n"
+              "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+              "c.execute('PRAGMA journal_mode=WAL')\n"
+              "c.execute(\"INSERT INTO sessions (id, format, version, created, cwd) "
+              "VALUES ('w', 'cairn-session', 1, 1, '/w')\")\n"
+              "os._exit(0)\n")  # a writer that died: its events are in the -wal only
+    subprocess.run([sys.executable, "-c", killed, str(home / "sessions.sqlite3")], check=True)
+    assert (home / "sessions.sqlite3-wal").stat().st_size > 0
+    (home / "sessions.sqlite3-shm").unlink()
     home.chmod(0o500)
     try:
         proc = cairn(home, "--backend", "sqlite", "sessions", "--all", prefix=prefix)

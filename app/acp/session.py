@@ -366,7 +366,8 @@ class SessionHost:
                 return f"Nothing was rewound: {e}. Send `/rewind {again} --force` to overwrite them."
             return f"Nothing was rewound: {e}."
         except CheckpointFailed as e:
-            return (f"The rewind could not be made durable ({e.cause}); it is written at the next checkpoint, and "
+            return (f"The rewind could not be made durable ({e.cause}); Cairn tries to write it again at the next "
+                    "checkpoint, and "
                     "an interrupted one can be finished with `/rewind --finish`.")
         log.info("session %s: rewound to before turn %d", self.id, outcome.to_turn)
         return "\n".join(describe(outcome))

@@ -77,6 +77,10 @@ class CheckpointPolicy:
         try:
             await self.barrier("turn-end")
         except CheckpointFailed as e:
-            self.report(f"turn {ctx.turn} ended but is not durable yet: {e}; its events stay queued, and Cairn "
-                        "writes them at its next checkpoint or when it closes the session")
+            coordinator = self.session.coordinator
+            durable = (f"events up to seq {coordinator.durable_seq} are durable"
+                       if coordinator.durable_seq >= 0 else "none of its events is durable yet")
+            self.report(f"turn {ctx.turn} ended but is not durable: {e}; {durable}, the {coordinator.queued} after "
+                        "them are held in memory and Cairn tries to write them again at its next checkpoint and when "
+                        "it closes the session (it says so if that fails too)")
         return await call_next()

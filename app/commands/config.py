@@ -19,6 +19,7 @@ from ..config.resolver import (
     describe_database_url,
 )
 from ..exit_codes import EXIT_OK
+from ..render import shown_model
 
 DEFAULT_MODELS = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC_MODEL}
 DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
@@ -51,7 +52,8 @@ def settings(config: Config) -> list[tuple[str, Any, str]]:
         ("provider", config.provider, src.get("provider", "default")),
     ]
     model = config.model or DEFAULT_MODELS.get(config.provider)
-    rows.append(("model", model, src.get("model", "default") if config.model else "default"))
+    rows.append(("model", shown_model(model, [config.api_key] if config.api_key else []) if model else model,
+                 src.get("model", "default") if config.model else "default"))
     if config.provider == "script":
         rows.append(("script", config.script, src.get("script", "default")))
     if config.provider not in ("openai", "anthropic"):

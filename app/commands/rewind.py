@@ -12,6 +12,7 @@ other rewind until `--finish` (each path checked against the plan first; exit 3 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,20 @@ def rewind_command(args: argparse.Namespace, config: Any, store: Any) -> int:
         return anyio.run(_dry_run if args.dry_run else _rewind, args, config, store)
     except RewindRefused as e:
         return fail(str(e), EXIT_LOCKED if e.changed else EXIT_USAGE)
+    except OSError as e:  # the snapshot store or the workspace cannot be written (a read-only mount, a full disk)
+        where = f" ({e.filename})" if e.filename else ""
+        if args.dry_run:
+            return fail(f"cannot plan the rewind of session {args.session_id}: {e.strerror or e}{where}; "
+                        "nothing was written", EXIT_USAGE)
+        return fail(f"cannot rewind session {args.session_id}: {e.strerror or e}{where}; a rewind that had begun "
+                    f"is shown by `cairn show {args.session_id}` and finished with `cairn rewind {args.session_id} "
+                    "--finish`", EXIT_USAGE)
+
+
+def _say(message: str) -> None:
+    """Why this rewind works without workspace snapshots (no git, an unusable store): one line on stderr, so the
+    operator knows that only what Cairn's file tools changed can be restored."""
+    print(safe_text(f"cairn: {message}"), file=sys.stderr)
 
 
 def _scope(args: argparse.Namespace) -> Any:
@@ -88,7 +103,7 @@ async def _dry_run(args: argparse.Namespace, config: Any, store: Any) -> int:
     pending = pending_rewind(events)
     if pending is not None:
         return fail(pending_text(*pending, args.session_id), EXIT_USAGE)
-    repo = workspace_snapshots(config, None, workspace, args.session_id)
+    repo = workspace_snapshots(config, _say, workspace, args.session_id)
     blobs = blob_store_for(store.backend)
     try:
         if args.undo:
@@ -120,7 +135,7 @@ async def _rewind(args: argparse.Namespace, config: Any, store: Any) -> int:
             if not workspace.is_dir():
                 return fail(f"session {session.id}'s workspace {workspace} no longer exists: nothing was rewound "
                             f"(cairn resume {session.id} --workspace DIR moves it)", EXIT_USAGE)
-            repo = workspace_snapshots(config, None, workspace, session.id, holds_secret=session.holds_secret)
+            repo = workspace_snapshots(config, _say, workspace, session.id, holds_secret=session.holds_secret)
             pending = pending_rewind(session.events)
             if args.abandon:
                 plan = await abandon_rewind(session)

@@ -7,11 +7,72 @@ the file only when it is asked to.
 from __future__ import annotations
 
 import ipaddress
+import os
+import stat
+from typing import Iterable
 from urllib.parse import urlsplit
 
 
 class ConfigError(ValueError):
     """A bad option, environment value or config file; exit code 2."""
+
+
+def read_regular_file(path: str | os.PathLike[str], what: str, limit: int) -> bytes:
+    """The first `limit + 1` bytes of the file the user named as `what` ("config file", "script file"), or ConfigError
+    with one line naming it.
+
+    Only a regular file is read. It is looked at with `stat` first, so a FIFO, a device or a socket is refused without
+    being opened (opening a FIFO for reading waits for a writer: every command would hang); it is then opened
+    non-blocking and checked again on the descriptor actually read, so one swapped in meanwhile is refused too. A
+    symbolic link to a regular file is followed (dotfile managers link config files)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{what} {path} is {_kind(mode)}, not a regular file; name a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{what} {path} is {_kind(mode)}, not a regular file; name a regular file")
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):  # (os.read allocates what it is asked for)
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    return {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether lists and dicts nest more than `limit` levels inside `value` (checked without recursion, so a value
+    that only just parsed is never what overflows the stack later, when it is validated, encoded or sent)."""
+    todo: list[tuple[object, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        todo.extend((child, depth + 1) for child in children)
+    return False
 
 
 def check_database_url(url: str | None) -> None:

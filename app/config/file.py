@@ -27,12 +27,13 @@ from typing import Any, Callable
 
 import msgspec
 
-from .checks import ConfigError, check_base_url
+from .checks import ConfigError, check_base_url, nested_deeper_than, read_regular_file
 
 PROVIDER_NAMES = ("openai", "anthropic", "demo", "script")
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"})
 KEY_HEADERS = ("authorization", "api-key", "x-api-key")  # where a profile may ask the key to be sent
 MAX_FILE_BYTES = 1024 * 1024
+MAX_NESTING = 32  # levels of arrays/tables a config file may nest (headers and extra_body are the deepest settings)
 
 
 class ConfigFileError(ValueError):
@@ -216,14 +217,9 @@ REFUSED_KEYS["key"] = REFUSED_KEYS["apikey"] = REFUSED_KEYS["api-key"] = REFUSED
 def read_config_file(path: Path) -> ConfigFile:
     """Read and validate `path`. Raises ConfigFileError (one line) for anything wrong with it."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigFileError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigFileError(f"config file {path} is a directory") from None
-    except OSError as e:
-        raise ConfigFileError(f"cannot read config file {path}: {e.strerror or e}") from None
+        raw = read_regular_file(path, "config file", MAX_FILE_BYTES)  # never opens a FIFO (it would block)
+    except ConfigError as e:
+        raise ConfigFileError(str(e)) from None
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigFileError(f"config file {path} is larger than {MAX_FILE_BYTES // 1024} KiB; is it the right file?")
     try:
@@ -236,6 +232,11 @@ def read_config_file(path: Path) -> ConfigFile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigFileError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigFileError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+    if nested_deeper_than(data, MAX_NESTING):
+        raise ConfigFileError(f"{path}: arrays or tables nested more than {MAX_NESTING} levels deep; "
+                              "no setting needs that") from None
     return parse_config(data, path, text)
 
 

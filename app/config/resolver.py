@@ -156,6 +156,8 @@ def resolve_config(
     if backend == "postgres":
         check_database_url(database_url)
     ws = Path(workspace or ".").expanduser()
+    if not ws.is_absolute() or not home_path.is_absolute():
+        _require_cwd("--workspace DIR" if not ws.is_absolute() else "an absolute --home DIR")
     if not ws.is_dir():
         raise ConfigError(f"workspace {ws} is not a directory")
     sources["workspace"] = "flag --workspace" if workspace else "default"
@@ -264,6 +266,16 @@ class _Picker:
             return dict(value) if isinstance(value, dict) else value
         self.sources[name] = "default"
         return dict(default) if isinstance(default, dict) else default
+
+
+def _require_cwd(instead: str) -> None:
+    """A relative path needs the current directory; one that was deleted (or moved away) under the shell is exit 2
+    with one line, not a FileNotFoundError from deep inside pathlib."""
+    try:
+        os.getcwd()
+    except OSError:
+        raise ConfigError(f"the current directory no longer exists (deleted or moved away): cd to a directory that "
+                          f"exists, or pass {instead}") from None
 
 
 def _load_file(option: str | None, env: Mapping[str, str], real_env: bool):  # -> (ConfigFile | None, source)
@@ -465,8 +477,29 @@ def _keep_endpoint(config: Config, header: Any) -> Config:
 
 
 def provider_secrets(provider: Any) -> list[str]:
-    """Strings that must never be stored or shown (the key, credentials in the base URL); none for demo/script."""
-    return [s for s in getattr(provider, "secrets", None) or [] if s]
+    """Strings that must never be stored or shown (the key, credentials in the base URL, and a key pasted into the
+    model name); none for demo/script but the last."""
+    return [s for s in getattr(provider, "secrets", None) or [] if s] + model_secrets(getattr(provider, "model", None))
+
+
+def model_secrets(model: str | None) -> list[str]:
+    """The parts of a model name shaped like a credential: a key given as `--model sk-…`, a URL with a token or a
+    `api_key=` parameter. They are masked like a configured key (SPEC §5: a key's value is never stored or shown),
+    with prompt history's rules for what a credential looks like (`history.SECRET_SHAPES`) and a URL's user part."""
+    if not model:
+        return []
+    from ..history import SECRET_SHAPES
+
+    found: list[str] = []
+    for shape in SECRET_SHAPES:
+        for match in shape.finditer(model):
+            label = match.group(1) if shape.groups else ""
+            keep_label = bool(label) and label.rstrip().endswith(("=", ":"))
+            found.append(match.group(0)[len(label):] if keep_label else match.group(0))
+    userinfo = re.search(r"(?<=://)[^/\s@]+(?=@)", model)
+    if userinfo:  # the whole user part, and its password (never the user name alone: "user" would mask every "user")
+        found += [userinfo.group(0), userinfo.group(0).partition(":")[2]]
+    return [f for f in dict.fromkeys(found) if len(f) >= 4]
 
 
 def database_secrets(url: str | None) -> list[str]:

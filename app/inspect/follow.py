@@ -32,9 +32,10 @@ _READ = 1 << 20
 def decode_line(line: bytes, where: str, line_no: int) -> AnyEvent:
     """One complete event line, with the loader's rules: ignorable unknown types kept, anything else bad refused."""
     try:
-        return event_decoder.decode(line)
-    except msgspec.ValidationError as e:
-        return ignorable_or_refuse(line, where, line_no, e)
+        try:
+            return event_decoder.decode(line)
+        except msgspec.ValidationError as e:  # (the tag is read first: damage after it is a DecodeError in here)
+            return ignorable_or_refuse(line, where, line_no, e)
     except msgspec.DecodeError:
         raise CorruptLog(where, line_no, "the line is not valid JSON") from None
 

@@ -381,7 +381,8 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             if self.save_verdict is not None:
                 await self.save_verdict(call.call_id, verdict, note)
         except CheckpointFailed as e:
-            self.app.notify(f"Verdict recorded but not durable yet ({e.cause}); it is written at the next checkpoint.",
+            self.app.notify(f"Verdict recorded but not durable yet ({e.cause}); Cairn tries to write it "
+                            "again at the next checkpoint.",
                             severity="warning")
         finally:
             self._saving = False

@@ -99,7 +99,8 @@ class VerdictDialog(ModalScreen[tuple[str, str] | None]):
         try:
             await self.save(self.call_id, verdict, note)
         except CheckpointFailed as e:
-            self.app.notify(f"Verdict recorded but not durable yet ({e.cause}); it is written at the next checkpoint.",
+            self.app.notify(f"Verdict recorded but not durable yet ({e.cause}); Cairn tries to write it "
+                            "again at the next checkpoint.",
                             severity="warning")
         self.dismiss((verdict, note))
 
