@@ -291,11 +291,27 @@ class CutWorld:
             if not any(token in c for c in calls):
                 self.tally.violations.append(f"{where}: a command's effect {token} happened, its call is not durable")
         self.tally.violations.extend(f"{where}: {v}" for v in self.unreadable_references(events))
+        self.tally.violations.extend(f"{where}: {v}" for v in self.torn_small_files())
         sessions = self.run("sessions")
         if sessions.returncode != 0 or "Traceback" in sessions.stderr:
             self.tally.violations.append(f"{where}: sessions exit {sessions.returncode}: {sessions.stderr[-200:]}")
         self.known = events[: len(self.stored())]  # what survived a cut is on the disk (repair's view is not stored)
         self.effects.write_text("")  # their calls are now in self.known
+
+    def torn_small_files(self) -> list[str]:
+        """Lock files hold a pid line or nothing; settings and history hold whole JSON (SPEC §12: whole or absent)."""
+        problems = []
+        for lock in sorted((self.home / "locks").glob("*.lock")) if (self.home / "locks").is_dir() else []:
+            text = lock.read_text(errors="replace")
+            if text and not (text.endswith("\n") and text.strip().isdigit()):
+                problems.append(f"lock file {lock.name} is half-written: {text!r}")
+        settings = self.home / "tui.json"
+        if settings.exists():
+            try:
+                json.loads(settings.read_text())
+            except ValueError:
+                problems.append("tui.json is half-written")
+        return problems
 
     def stored(self) -> list[Any]:
         try:
