@@ -66,11 +66,12 @@ class Tally:
     effects_checked: int = 0
     events_checked: int = 0
     refused: int = 0  # show exit 4 after a cut (allowed only when nothing known was lost)
+    compactions: int = 0  # context/compaction events seen (a small window makes later turns compact)
     violations: list[str] = field(default_factory=list)
 
     def add(self, other: "Tally") -> None:
         for name in ("cuts", "failpoint_cuts", "random_cuts", "kept_prefix_cuts", "steps", "effects_checked",
-                     "events_checked", "refused"):
+                     "events_checked", "refused", "compactions"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.violations.extend(other.violations)
 
@@ -78,8 +79,9 @@ class Tally:
 class CutWorld:
     """One mount (home/ and ws/ on it), an outside io/ directory, one session, one backend."""
 
-    def __init__(self, root: Path, backend: str, seed: int) -> None:
+    def __init__(self, root: Path, backend: str, seed: int, window: int | None = None) -> None:
         self.root, self.backend, self.seed = root, backend, seed
+        self.window = window  # CAIRN_CONTEXT_WINDOW: small enough that turns compact their history
         self.rng = random.Random(seed)
         self.mount = root / "mnt"
         self.io = root / "io"
@@ -118,6 +120,8 @@ class CutWorld:
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.io), "LANG": "C.UTF-8",
                "CAIRN_HOME": str(self.home), "CAIRN_BACKEND": self.backend, "CAIRN_DEMO_DELAY_MS": "0"}
+        if self.window:
+            env["CAIRN_CONTEXT_WINDOW"] = str(self.window)
         env.update(extra or {})
         return env
 
@@ -352,10 +356,10 @@ class CutWorld:
 
 
 def run_case(root: Path, backend: str, seed: int, steps: int = 5, cut_every: float = 0.6,
-             plan: list[tuple[str, str | None]] | None = None) -> Tally:
+             plan: list[tuple[str, str | None]] | None = None, window: int | None = None) -> Tally:
     """One seeded case: a first turn, then random turns, rewinds and undos, each cut with probability `cut_every`;
     or exactly `plan`: (kind, cut) pairs, kind "turn" / "rewind" / "undo", cut None / "random" / a failpoint."""
-    world = CutWorld(root, backend, seed).start()
+    world = CutWorld(root, backend, seed, window).start()
     try:
         rng = world.rng
         for n in range(len(plan) if plan is not None else steps):
@@ -371,6 +375,8 @@ def run_case(root: Path, backend: str, seed: int, steps: int = 5, cut_every: flo
                 if "Traceback" in finish.stderr:
                     world.tally.violations.append(f"seed {seed}: rewind --finish: {finish.stderr[-300:]}")
                 world.step(world.rewind_args(kind == "undo"), cut, REWIND_POINTS)
+        code, events, _ = world.show()
+        world.tally.compactions += sum(e.get("type") == "context/compaction" for e in events)
         return world.tally
     finally:
         world.stop()

@@ -39,3 +39,13 @@ def test_a_completed_run_on_a_fresh_home_survives_a_cut(tmp_path):
     tally = run_case(tmp_path, "jsonl", seed=99, plan=[("turn", None), ("turn", "prompt-accepted")])
     assert tally.events_checked > 0
     assert not tally.violations, "\n".join(tally.violations)
+
+
+def test_a_power_cut_while_turns_compact_their_history_loses_nothing(tmp_path):
+    """A 1,024-token window: later turns compact (a summary request, `context/compaction`), cut around them."""
+    require()
+    plan = [("turn", None), ("turn", None), ("turn", "random"), ("turn", "prompt-accepted"), ("turn", "turn-ended"),
+            ("turn", None)]
+    tally = run_case(tmp_path, "jsonl", seed=5, plan=plan, window=1024)
+    assert tally.compactions >= 1, "no turn compacted: the case does not test what its name says"
+    assert not tally.violations, "\n".join(tally.violations)
