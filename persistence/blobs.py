@@ -181,7 +181,12 @@ class SqliteBlobs(BlobStore):
 
 
 class PostgresBlobs(BlobStore):
-    """PostgreSQL's store: a `cairn_blobs` table, each insert its own commit with `synchronous_commit = on`."""
+    """PostgreSQL's store: a `cairn_blobs` table, each insert its own commit with `synchronous_commit = on`.
+
+    A lost connection (a server restart, a failover) is retried exactly as the log's writes are (the backend's
+    `retrying`: backoff, up to 30 s, SPEC §5 rev 3), so a short outage while a before-image is stored delays the tool
+    call instead of ending the turn. An insert re-sent after a commit whose answer was lost is harmless (same
+    content, same name)."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -190,26 +195,36 @@ class PostgresBlobs(BlobStore):
     def _db(self) -> Any:
         if self._conn is None:
             conn = self.backend.connect("blobs")
-            conn.execute("CREATE TABLE IF NOT EXISTS cairn_blobs (sha256 text PRIMARY KEY, data bytea NOT NULL)")
-            conn.execute("SET synchronous_commit = on")
+            try:
+                conn.execute("CREATE TABLE IF NOT EXISTS cairn_blobs (sha256 text PRIMARY KEY, data bytea NOT NULL)")
+                conn.execute("SET synchronous_commit = on")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    conn.close()
+                raise
             self._conn = conn
         return self._conn
 
-    def put(self, data: bytes) -> str:
-        sha = sha256_hex(data)
+    def _attempt(self, doing: str, query: Any) -> Any:
+        """`query(connection)` once; any failure drops the connection (the next attempt makes a new one) and becomes
+        the backend's one-line error, which `retrying` retries when the connection was lost."""
         try:
-            self._db().execute("INSERT INTO cairn_blobs (sha256, data) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                               (sha, data))
+            return query(self._db())
         except Exception as e:  # psycopg's errors: one line, no credentials
             self.close()
-            raise self.backend.translate(e, "store a before-image in") from None
+            raise self.backend.translate(e, doing) from None
+
+    def put(self, data: bytes) -> str:
+        sha = sha256_hex(data)
+        self.backend.retrying(lambda: self._attempt("store a before-image in", lambda db: db.execute(
+            "INSERT INTO cairn_blobs (sha256, data) VALUES (%s, %s) ON CONFLICT DO NOTHING", (sha, data))))
         return sha
 
     def get(self, sha256: str) -> bytes | None:
         try:
-            row = self._db().execute("SELECT data FROM cairn_blobs WHERE sha256 = %s", (sha256,)).fetchone()
+            row = self.backend.retrying(lambda: self._attempt("read a before-image from", lambda db: db.execute(
+                "SELECT data FROM cairn_blobs WHERE sha256 = %s", (sha256,)).fetchone()))
         except Exception:
-            self.close()
             return None
         return bytes(row[0]) if row and sha256_hex(bytes(row[0])) == sha256 else None
 

@@ -1,9 +1,17 @@
 """PostgreSQL backend (SPEC §5 rev 2): sessions that survive losing the machine, in a database a team shares.
 
 Tables (created on first write, in the connection's current schema, versioned by a `cairn_schema` row; a newer schema is
-refused like a newer file format): `sessions` (id, cwd, created, updated, header, writer) and `events` (session_id, seq,
-time, type, body), primary key (session_id, seq). `body` is the exact JSON line the JSONL backend writes, `header` the
-exact JSONL header line, so a log reads back byte for byte whatever backend wrote it.
+refused like a newer file format): `sessions` (id, cwd, created, updated, header, writer, last_seq) and `events`
+(session_id, seq, time, type, body), primary key (session_id, seq). `body` is the exact JSON line the JSONL backend
+writes, `header` the exact JSONL header line, so a log reads back byte for byte whatever backend wrote it.
+
+The newest seq (SPEC §5 rev 3, issue 39): every write stamps `sessions.last_seq` with the newest seq it stores, in the
+statement that checks the writer, so in the same transaction as the rows. A crash takes a commit whole, rows and stamp
+together, so the stored events always end at `last_seq`; when they end before it, rows were deleted behind Cairn's back,
+and a load says so (exit 4), where a deleted newest row would otherwise read as an interrupted turn. The column came
+after schema version 1 and is optional: a writer adds it when it is missing (an older Cairn ignores it and leaves it
+behind, never ahead), a session without it (NULL) loads as before, and a user who may not alter the tables still works,
+unchecked.
 
 Durability: a write-behind batch commits with `synchronous_commit = off` (the server acknowledges before its WAL
 reaches the disk); a barrier commits at the server's own level but never below `on` (a server set to `off` is raised to
@@ -29,6 +37,13 @@ dropped, and the next write reconnects and re-sends everything since the last du
 re-sent row harmless). Every psycopg error becomes one readable persistence error; a database URL's credentials never
 appear in one.
 
+A server crash loses what it had acknowledged but not yet made durable: the write-behind commits after the last
+barrier. So a writer keeps what it committed since its last durable commit, and after any lost connection it first
+reads the stored tail (newest seq, its body, `last_seq`) and sends again, from memory, what is missing before what it
+was about to write: seq N+1 is never stored without N. A tail it cannot account for (below its last barrier, beyond what
+it wrote, or a row that is not the one it wrote) is not a crash's doing and is refused (CorruptDatabase, exit 4), with
+nothing written on top. The same retry (`retry_lost_connection`) serves the before-image store (blobs.py).
+
 psycopg is imported only here, and this module only when the backend is chosen (`make_backend`).
 """
 
@@ -43,7 +58,7 @@ import socket
 import threading
 import time
 from operator import attrgetter, itemgetter
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, TypeVar
 
 import msgspec
 import psycopg
@@ -52,7 +67,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from .backend import Backend, EncodedEvent, LoadedLog, Writer
-from .checks import RunningCheck, verify_pieces
+from .checks import MARK, RunningCheck, verify_pieces
 from .codec import decode_events, decode_header, gc_paused
 from .errors import (
     CorruptDatabase,
@@ -82,6 +97,9 @@ _psycopg_log.propagate = False
 RECONNECT_FOR = 30.0
 RECONNECT_FIRST_DELAY = 0.1
 RECONNECT_MAX_DELAY = 2.0
+# Adding `last_seq` to an older database waits at most this long for its `sessions` table (ALTER TABLE takes an
+# exclusive lock): rather than queue every other Cairn behind it, the writer goes on without it and a later one adds it.
+ADD_COLUMN_WAIT = "2s"
 # A holder on this host whose process is gone is a lock the server has not yet noticed is free: wait this long for it.
 DEAD_HOLDER_WAIT = 10.0
 # A load decodes and checks the bodies in pieces of this many rows (~0.5 MB for typical events): small enough to stay in
@@ -101,7 +119,8 @@ DDL = (
         created bigint NOT NULL,
         updated bigint NOT NULL,
         header bytea NOT NULL,
-        writer text
+        writer text,
+        last_seq bigint
     )""",
     """CREATE TABLE events (
         session_id text NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
@@ -125,15 +144,17 @@ _HOLDS_LOCK = """EXISTS (
     WHERE locktype = 'advisory' AND granted AND pid = %(lock_pid)s AND objsubid = 1
       AND database = %(db)s::oid AND classid::bigint = %(hi)s AND objid::bigint = %(lo)s)"""
 
-# The writer's check and its `updated` stamp in one statement: 0 rows means "not (or no longer) the writer".
-_STAMP = f"""UPDATE sessions SET updated = GREATEST(updated, %(t)s)
-    WHERE id = %(id)s AND writer = %(token)s AND {_HOLDS_LOCK}"""
+# The writer's check and its `updated` stamp in one statement: 0 rows means "not (or no longer) the writer". Where the
+# tables have `last_seq`, the same statement stamps the newest seq the write stores (`top`; NULL: none, kept as it is).
+_MARK_SEQ = ", last_seq = GREATEST(last_seq, %(top)s::bigint)"
+_STAMP = """UPDATE sessions SET updated = GREATEST(updated, %(t)s){mark}
+    WHERE id = %(id)s AND writer = %(token)s AND {holds}"""
 
 # The batch goes in only if the stamp found this writer (the CTE), so the whole write is one statement and the COMMIT
 # can go in the same round trip: a refused write commits nothing, and says so by inserting no row.
-_INSERT = f"""WITH stamped AS ({_STAMP} RETURNING 1)
+_INSERT = """WITH stamped AS ({stamp} RETURNING 1)
     INSERT INTO events (session_id, seq, time, type, body)
-    SELECT %(id)s, u.s, u.t, u.y, u.b FROM {{rows}} AS u(s, t, y, b)
+    SELECT %(id)s, u.s, u.t, u.y, u.b FROM {rows} AS u(s, t, y, b)
     WHERE EXISTS (SELECT 1 FROM stamped)
     ON CONFLICT (session_id, seq) DO UPDATE SET time = excluded.time, type = excluded.type, body = excluded.body"""
 # A batch of up to VALUES_ROWS events (a barrier's few) goes as VALUES of plain parameters: as four lists (psycopg
@@ -141,14 +162,33 @@ _INSERT = f"""WITH stamped AS ({_STAMP} RETURNING 1)
 # larger one (write-behind while an answer streams) goes as four arrays, one statement whatever its size.
 VALUES_ROWS = 16
 _VALUE_KEYS = [(f"s{i}", f"t{i}", f"y{i}", f"b{i}") for i in range(VALUES_ROWS)]
-_INSERT_ARRAYS = _INSERT.format(
-    rows="unnest(%(seqs)s::bigint[], %(times)s::bigint[], %(types)s::text[], %(bodies)s::bytea[])")
-_INSERT_VALUES = {
-    n: _INSERT.format(rows="(VALUES " + ", ".join(
-        f"(%({s})s::bigint, %({t})s::bigint, %({y})s::text, %({b})s::bytea)" for s, t, y, b in _VALUE_KEYS[:n]) + ")")
-    for n in range(1, VALUES_ROWS + 1)
-}
+_ARRAY_ROWS = "unnest(%(seqs)s::bigint[], %(times)s::bigint[], %(types)s::text[], %(bodies)s::bytea[])"
 
+
+class Statements(NamedTuple):
+    """A write's statements: the stamp alone (a barrier with nothing new), a batch as arrays, a batch as VALUES."""
+
+    stamp: str
+    arrays: str
+    values: dict[int, str]
+
+
+def _statements(mark: bool) -> Statements:
+    stamp = _STAMP.format(mark=_MARK_SEQ if mark else "", holds=_HOLDS_LOCK)
+    values = {
+        n: _INSERT.format(stamp=stamp, rows="(VALUES " + ", ".join(
+            f"(%({s})s::bigint, %({t})s::bigint, %({y})s::text, %({b})s::bytea)" for s, t, y, b in _VALUE_KEYS[:n]) + ")")
+        for n in range(1, VALUES_ROWS + 1)
+    }
+    return Statements(stamp, _INSERT.format(stamp=stamp, rows=_ARRAY_ROWS), values)
+
+
+STATEMENTS = {True: _statements(True), False: _statements(False)}  # by whether the tables have `last_seq`
+
+# What a writer reads after a lost connection: the session's newest seq as stamped, and its newest stored row.
+_TAIL = """SELECT {mark}, e.seq, e.body FROM sessions s
+    LEFT JOIN LATERAL (SELECT seq, body FROM events WHERE session_id = s.id ORDER BY seq DESC LIMIT 1) e ON true
+    WHERE s.id = %(id)s"""
 
 _HOLDER = """SELECT a.application_name FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -161,6 +201,28 @@ _PREFIX = re.compile(rb'\{"type":"([^"\\]*)","seq":-?\d+,"time":(-?\d+)[,}]')
 _APP_NAME = re.compile(r"^cairn (\S+) (\d+)$")
 
 Connect = Callable[..., "psycopg.Connection[Any]"]
+T = TypeVar("T")
+
+
+def retry_lost_connection(attempt: Callable[[], T]) -> T:
+    """`attempt()`, again and again while it fails because the connection was lost (a StoreUnavailable whose cause is
+    a psycopg OperationalError: a server restart, a failover, a refused connect), with backoff, for up to
+    RECONNECT_FOR seconds (SPEC §5 rev 3); then its error, saying how long it was tried. Any other error is raised at
+    once. For the log's writes and the before-image store alike; runs in a worker thread, so it sleeps."""
+    deadline = None
+    delay = RECONNECT_FIRST_DELAY
+    while True:
+        try:
+            return attempt()
+        except StoreUnavailable as e:
+            if not isinstance(e.cause, psycopg.OperationalError):
+                raise
+            now = time.monotonic()
+            deadline = deadline if deadline is not None else now + RECONNECT_FOR
+            if now >= deadline:
+                raise StoreUnavailable(f"{e} (still unreachable after {RECONNECT_FOR:g} s of retries)", e.cause) from None
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, RECONNECT_MAX_DELAY)
 
 
 def default_connect(url: str, role: str, **kwargs: Any) -> "psycopg.Connection[Any]":
@@ -250,7 +312,10 @@ class PostgresWriter(Writer):
     # Every call is a network round trip that can block for as long as a TCP timeout: never on the event loop.
     inline_safe = False
 
-    def __init__(self, backend: "PostgresBackend", session_id: str, token: str, conn: Any, lock_conn: Any) -> None:
+    def __init__(self, backend: "PostgresBackend", session_id: str, token: str, conn: Any, lock_conn: Any,
+                 tail: EncodedEvent | None = None) -> None:
+        """`tail` is the session's newest event as stored, (seq, body), when an existing session is opened: all that is
+        stored then is durable (opening commits durably, and WAL is sequential)."""
         self._backend = backend
         self._id = session_id
         self._token = token
@@ -259,50 +324,53 @@ class PostgresWriter(Writer):
         self._key = {**_key_parts(backend.lock_key(session_id)), "db": backend.database_oid(conn)}
         self._durable_level = backend.durable_level(conn)
         self._level: str | None = None  # the data connection's synchronous_commit, as this writer last committed it
+        self._sql = backend.statements()
+        self._tail_sql = backend.tail_query()
         self.check = RunningCheck()  # open_writer continues it from the loaded log
+        # What a server crash may still take: the events committed since the last durable commit (write-behind,
+        # `synchronous_commit = off`), as stored, in seq order, kept until a durable commit covers them; and the newest
+        # event a durable commit covered, as stored. After a lost connection `_resume_tail` compares the stored tail
+        # with them and sends again what is missing.
+        self._durable: EncodedEvent | None = tail
+        self._since: list[EncodedEvent] = []
+        self._next = tail[0] + 1 if tail is not None else 0  # the seq after the newest this writer has committed
+        self._reconnected = False  # a connection was lost since the last write: check the stored tail before writing
 
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:
         """Write the batch; a lost connection (a server restart, a failover) is retried with backoff for up to
         RECONNECT_FOR seconds before the write fails (SPEC §5 rev 3). Runs in a worker thread: sleeping is fine."""
-        deadline = None
-        delay = RECONNECT_FIRST_DELAY
-        while True:
-            try:
-                for _ in range(2):
-                    if self._write(batch, durable):
-                        return sum(len(data) for _, data in batch)
-                    self._retake_lock()  # our lock was lost while our token stands: take it back, then write again
-                raise StaleWriter(f"session {self._id!r} could not be re-locked for writing; this writer stops")
-            except StoreUnavailable as e:
-                if not isinstance(e.cause, psycopg.OperationalError):
-                    raise
-                now = time.monotonic()
-                deadline = deadline if deadline is not None else now + RECONNECT_FOR
-                if now >= deadline:
-                    raise StoreUnavailable(f"{e} (still unreachable after {RECONNECT_FOR:g} s of retries)", e.cause) from None
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, RECONNECT_MAX_DELAY)
+        return retry_lost_connection(lambda: self._append_once(batch, durable))
+
+    def _append_once(self, batch: list[EncodedEvent], durable: bool) -> int:
+        for _ in range(2):
+            if self._write(batch, durable):
+                return sum(len(data) for _, data in batch)
+            self._retake_lock()  # our lock was lost while our token stands: take it back, then write again
+        raise StaleWriter(f"session {self._id!r} could not be re-locked for writing; this writer stops")
 
     def _write(self, batch: list[EncodedEvent], durable: bool) -> bool:
-        """One transaction in one round trip: check writer + lock and stamp `updated`, insert the batch, commit (durably
-        or not). False when this process is not (or no longer) the writer; nothing was changed then."""
+        """One transaction in one round trip: check writer + lock and stamp `updated` (and `last_seq`), insert the
+        batch, commit (durably or not). False when this process is not (or no longer) the writer; nothing was changed
+        then. After a lost connection, the stored tail is read first and what a crash took is put in front."""
         backend = self._backend
         batch, at = self.check.stamp(batch, durable)
         try:
             conn = self._data_connection()
+            if self._reconnected:
+                batch = self._resume_tail(conn, batch)
             columns = [event_columns(data) for _, data in batch]
-            params = {
+            params: dict[str, Any] = {
                 "id": self._id, "token": self._token, "lock_pid": self._lock_pid(),
-                "t": max((t for _, t in columns), default=0), **self._key,
+                "t": max((t for _, t in columns), default=0), "top": batch[-1][0] if batch else None, **self._key,
             }
             if not batch:
-                statement = _STAMP  # nothing new: the stamp alone, so that a durable commit still flushes the WAL
+                statement = self._sql.stamp  # nothing new: the stamp alone, so that a durable commit still flushes
             elif len(batch) > VALUES_ROWS:
-                statement = _INSERT_ARRAYS
+                statement = self._sql.arrays
                 params.update(seqs=[seq for seq, _ in batch], times=[t for _, t in columns],
                               types=[kind for kind, _ in columns], bodies=[data for _, data in batch])
             else:
-                statement = _INSERT_VALUES[len(batch)]
+                statement = self._sql.values[len(batch)]
                 for (s, t, y, b), (seq, data), (kind, time_ms) in zip(_VALUE_KEYS, batch, columns):
                     params[s], params[t], params[y], params[b] = seq, time_ms, kind, data
             level = self._durable_level if durable else "off"
@@ -316,10 +384,72 @@ class PostgresWriter(Writer):
             if written.rowcount != max(len(batch), 1):
                 return False  # not (or no longer) the writer: what was committed changed nothing
             self.check.advance(at)
+            self._committed(batch, durable)
             return True
         except psycopg.Error as e:
             self._drop_data_connection()
             raise backend.translate(e, f"write session {self._id!r} to") from None
+
+    def _committed(self, batch: list[EncodedEvent], durable: bool) -> None:
+        """Keep what a crash may still take. A batch always ends at the newest event (a re-send re-sends everything
+        since the last durable point); a durable commit makes every earlier commit durable too (WAL is sequential)."""
+        if durable:
+            if batch:
+                self._durable = batch[-1]
+            elif self._since:
+                self._durable = self._since[-1]
+            self._since = []
+        elif batch:
+            if batch[0][0] >= self._next:
+                self._since += batch
+            else:  # a re-send: what this writer committed before is kept once
+                self._since += [event for event in batch if event[0] >= self._next]
+        if batch and batch[-1][0] >= self._next:
+            self._next = batch[-1][0] + 1
+        self._reconnected = False
+
+    def _resume_tail(self, conn: Any, batch: list[EncodedEvent]) -> list[EncodedEvent]:
+        """The batch to write after a lost connection: what the server lost of this writer's commits (write-behind a
+        crash took: it acknowledged them before they were durable), from memory, then the batch. The stored tail must
+        be one this writer left: at or after its last durable event, at or before the newest it wrote, the very event
+        it wrote there, and the newest seq the session's row records (stamped in the same transactions) must be
+        stored. Anything else is not a crash's doing: CorruptDatabase (exit 4), and nothing is written on top."""
+        row = conn.execute(self._tail_sql, {"id": self._id}).fetchone()
+        if row is None:
+            return batch  # the session's row is gone: the write's own check refuses it (StaleWriter)
+        mark, top, body = row
+        top = -1 if top is None else top
+        where = f"{self._backend.where}[{self._id}]"
+        stops = "this writer stops (nothing is written on top)"
+        durable = self._durable[0] if self._durable is not None else -1
+        newest = max(self._next - 1, batch[-1][0] if batch else -1)
+        if mark is not None and mark > top:
+            raise CorruptDatabase(where, f"stored events are missing: the session records seq {mark} as written, its "
+                                         f"events end at seq {top}; {stops}")
+        if top < durable:
+            raise CorruptDatabase(where, f"stored events are missing: seq {durable} was made durable, the events end at "
+                                         f"seq {top}; {stops}")
+        if top > newest:
+            raise CorruptDatabase(where, f"seq {top} is stored, and this writer wrote only up to seq {newest} (another "
+                                         f"program wrote to the session); {stops}")
+        mine = self._as_written(top, batch)
+        if mine is not None and not _same_event(bytes(body), mine):
+            raise CorruptDatabase(where, f"the stored event at seq {top} is not the one this writer wrote; {stops}")
+        first = batch[0][0] if batch else self._next
+        lost = [event for event in self._since if top < event[0] < first]
+        resumed = lost + batch
+        if resumed and resumed[0][0] > top + 1:  # never seq N+1 without N
+            raise CorruptDatabase(where, f"stored events are missing from seq {top + 1} and this writer no longer "
+                                         f"holds them; {stops}")
+        return resumed
+
+    def _as_written(self, seq: int, batch: list[EncodedEvent]) -> bytes | None:
+        """The body this writer stored (or is storing) at `seq`, if it still holds it."""
+        for events in (batch, self._since, [self._durable] if self._durable is not None else []):
+            for event in reversed(events):
+                if event[0] == seq:
+                    return event[1]
+        return None
 
     def _lock_pid(self) -> int:
         conn = self._lock_conn
@@ -352,14 +482,17 @@ class PostgresWriter(Writer):
         return row[0] if row else None
 
     def _data_connection(self) -> Any:
-        """The writer's connection; a new one (with the server's own settings) when it is gone."""
+        """The writer's connection; a new one (with the server's own settings) when it is gone. A connection that was
+        lost may have taken a server's crash with it: the next write checks the stored tail first."""
         if self._conn is None or self._conn.closed:
             self._conn = self._backend.connect("write")
             self._level = None
+            self._reconnected = True
         return self._conn
 
     def _drop_data_connection(self) -> None:
         self._level = None
+        self._reconnected = True
         if self._conn is not None:
             _close_quietly(self._conn)
             self._conn = None
@@ -369,6 +502,17 @@ class PostgresWriter(Writer):
         if self._lock_conn is not None:
             _unlock_and_close(self._lock_conn)
             self._lock_conn = None
+
+
+def _same_event(stored: bytes, written: bytes) -> bool:
+    """Whether a stored body is the event this writer wrote: the same bytes, or the same but for a check field one of
+    them carries (a durable batch that failed and is re-sent with more events carries its check further on)."""
+    return stored == written or _unchecked(stored) == _unchecked(written)
+
+
+def _unchecked(body: bytes) -> bytes:
+    at = body.rfind(MARK)
+    return body[:at] + b"}" if at >= 0 and body.endswith(b'"}') else body
 
 
 class PostgresBackend(Backend):
@@ -382,6 +526,7 @@ class PostgresBackend(Backend):
         self._schema_name: str | None = None
         self._reader: Any | None = None
         self._helper: Any | None = None  # the second connection of a split load (_fetch_split)
+        self._mark = False  # whether `sessions` has `last_seq` (known once the schema was looked at)
         self._read_lock = threading.RLock()  # a load's transaction on the cached connections is never interleaved
 
     # -- connections and errors ----------------------------------------------------------------------------------
@@ -404,7 +549,8 @@ class PostgresBackend(Backend):
             raise self.translate(e, "connect to") from None
         if self._schema_name is None:
             try:
-                self._schema_name = conn.execute("SELECT current_schema()").fetchone()[0] or ""
+                row = conn.execute("SELECT current_schema()").fetchone()
+                self._schema_name = (row[0] if row else None) or ""
             except psycopg.Error as e:
                 _close_quietly(conn)
                 raise self.translate(e, "connect to") from None
@@ -455,6 +601,11 @@ class PostgresBackend(Backend):
                 except psycopg.Error as e:
                     raise self.translate(e, doing) from None
 
+    def retrying(self, attempt: Callable[[], T]) -> T:
+        """`attempt()` through a lost connection, like every write of the log (`retry_lost_connection`): for the
+        before-image store beside the sessions (blobs.py), which imports nothing of psycopg."""
+        return retry_lost_connection(attempt)
+
     def close(self) -> None:
         if self._reader is not None:
             _close_quietly(self._reader)
@@ -465,11 +616,13 @@ class PostgresBackend(Backend):
 
     def _schema_state(self, conn: Any) -> int | None:
         """The schema version of Cairn's tables; None when there are none. A schema holding a `sessions` or `events`
-        table that is not Cairn's is refused, not extended."""
-        ours, sessions, events = conn.execute(
+        table that is not Cairn's is refused, not extended. Also notes whether `sessions` has `last_seq`."""
+        ours, sessions, events, mark = conn.execute(
             "SELECT to_regclass('cairn_schema') IS NOT NULL, to_regclass('sessions') IS NOT NULL, "
-            "to_regclass('events') IS NOT NULL"
+            "to_regclass('events') IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = "
+            "to_regclass('sessions') AND attname = 'last_seq' AND NOT attisdropped)"
         ).fetchone()
+        self._mark = bool(mark)
         if not ours:
             if sessions or events:
                 raise CorruptDatabase(self.where, "not a Cairn database: it has a sessions or events table of its "
@@ -494,9 +647,33 @@ class PostgresBackend(Backend):
                     for statement in DDL:
                         conn.execute(statement)
                     conn.execute("INSERT INTO cairn_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+                    self._mark = True
+            if not self._mark:
+                self._add_mark(conn)
         except psycopg.Error as e:
             raise self.translate(e, "create Cairn's tables in") from None
         self._schema_ready = True
+
+    def _add_mark(self, conn: Any) -> None:
+        """Add `sessions.last_seq` to tables an older Cairn made (a nullable column: nothing else changes for it).
+        Without it everything works but a deleted newest row goes unseen, so a user who may not alter the tables, or
+        a table busy for longer than ADD_COLUMN_WAIT, is left as it is."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                conn.execute(f"SET LOCAL lock_timeout = '{ADD_COLUMN_WAIT}'")
+                conn.execute("ALTER TABLE sessions ADD COLUMN IF NOT EXISTS last_seq bigint")
+        except (pgerrors.InsufficientPrivilege, pgerrors.LockNotAvailable):
+            return
+        self._mark = True
+
+    def statements(self) -> Statements:
+        """A writer's statements, stamping `last_seq` where the tables have it."""
+        return STATEMENTS[self._mark]
+
+    def tail_query(self) -> str:
+        """What a writer reads after a lost connection: `last_seq` (NULL without the column), newest seq and body."""
+        return _TAIL.format(mark="s.last_seq" if self._mark else "NULL::bigint")
 
     def _readable(self, conn: Any) -> bool:
         """Whether Cairn's tables exist (never creates them: reading writes nothing)."""
@@ -602,7 +779,7 @@ class PostgresBackend(Backend):
             token = secrets.token_hex(8)
             try:
                 with self._read_lock:  # a split load uses the helper connection
-                    log = self._load_with(conn, session_id)  # checked before anything is written (we hold the lock)
+                    log, tail = self._load_with(conn, session_id)  # checked before anything is written (locked)
                 with conn.transaction():
                     conn.execute(f"SET LOCAL synchronous_commit = {self.durable_level(conn)}")
                     cur = conn.execute("UPDATE sessions SET writer = %s WHERE id = %s", (token, session_id))
@@ -615,7 +792,7 @@ class PostgresBackend(Backend):
             if lock_conn is not None:
                 _close_quietly(lock_conn)
             raise
-        writer = PostgresWriter(self, session_id, token, conn, lock_conn)
+        writer = PostgresWriter(self, session_id, token, conn, lock_conn, tail)
         writer.check.advance(log.check)
         return writer, log
 
@@ -623,7 +800,7 @@ class PostgresBackend(Backend):
         def query(conn: Any) -> LoadedLog:
             if not self._readable(conn):
                 raise SessionNotFound(session_id)
-            log = self._load_with(conn, session_id)
+            log, _ = self._load_with(conn, session_id)
             holder = self._holder(conn, self.lock_key(session_id))
             if holder is not None and _dead_here(*holder):
                 holder = None  # its process is gone; the server just has not dropped the lock yet
@@ -633,14 +810,17 @@ class PostgresBackend(Backend):
 
         return self._read(f"read session {session_id!r} from", query)
 
-    def _load_with(self, conn: Any, session_id: str) -> LoadedLog:
-        """The session's header and events, read in one REPEATABLE READ snapshot (a writer may be appending)."""
+    def _load_with(self, conn: Any, session_id: str) -> tuple[LoadedLog, EncodedEvent | None]:
+        """The session's header and events, read in one REPEATABLE READ snapshot (a writer may be appending), and its
+        newest event as stored, (seq, body) (None: no events). Events missing at the end (the stored events end before
+        the `last_seq` the writers stamped) are damage, named like any other (exit 4)."""
         location = f"{self.where}[{session_id}]"
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         try:
             row = conn.execute(
                 "SELECT header, (SELECT min(seq) FROM events WHERE session_id = %(id)s), "
-                "(SELECT max(seq) FROM events WHERE session_id = %(id)s) FROM sessions WHERE id = %(id)s",
+                "(SELECT max(seq) FROM events WHERE session_id = %(id)s), "
+                f"{'last_seq' if self._mark else 'NULL::bigint'} FROM sessions WHERE id = %(id)s",
                 {"id": session_id},
             ).fetchone()
             if row is None:
@@ -651,7 +831,10 @@ class PostgresBackend(Backend):
                 raise CorruptDatabase(location, "the session's header is nested too deeply") from None
             if header.id != session_id:
                 raise CorruptDatabase(location, f"the session row's header names session {header.id[:70]!r}")
-            lo, hi = row[1], row[2]
+            lo, hi, mark = row[1], row[2], row[3]
+            if mark is not None and mark > (-1 if hi is None else hi):
+                raise CorruptDatabase(location, f"stored events are missing: the session records seq {mark} as "
+                                                f"written, its events end at seq {-1 if hi is None else hi} (deleted?)")
             with gc_paused():  # 100k row tuples, then the events: nothing for the cyclic GC to find
                 if lo is None or hi - lo < SPLIT_SEQS:
                     first, rest = _fetch_bodies(conn, session_id, None), None
@@ -670,7 +853,8 @@ class PostgresBackend(Backend):
             _end_transaction(conn)
         check, _ = verify_pieces(pieces, location, first_line=0, unit="seq")
         check.next_seq = len(events)
-        return LoadedLog(header, events, location, check=check)
+        tail = (len(events) - 1, pieces[-1][:-1].rpartition(b"\n")[2]) if events else None
+        return LoadedLog(header, events, location, check=check), tail
 
     def _fetch_split(self, conn: Any, session_id: str, mid: int) -> tuple[list[tuple[bytes]], "_Fetch | None"]:
         """The bodies of seqs below `mid`, fetched on `conn`, and a thread fetching those from `mid` on, on the helper
