@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from powercut_fs import PowerCutFS
+from powercut_fs import PowerCutFS, fsync_dir
 
 from cairn.app.agent.snapshots import ShadowRepo
 from cairn.persistence.blobs import names_needed
@@ -108,7 +108,7 @@ class CutWorld:
             (self.ws / f"seed{i}.txt").write_text(f"alpha {i}\n")
         (self.ws / ".gitignore").write_text("build/\n")
         _sync_tree(self.ws)
-        _fsync_dir(self.mount)
+        fsync_dir(self.mount)
         return self
 
     def stop(self) -> None:
@@ -391,14 +391,6 @@ def _wait(condition: Any, timeout: float) -> bool:
     return False
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _sync_tree(root: Path) -> None:
     for folder, _, files in os.walk(root, topdown=False):
         for name in files:
@@ -407,4 +399,4 @@ def _sync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(folder))
+        fsync_dir(Path(folder))

@@ -12,12 +12,11 @@ operator was doing when the dialog opened; this test pins the grace as it is doc
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 from textual import events
-from tui_helpers import SIZE, ended_turns, make_world, wait_for
+from tui_helpers import ended_turns, make_world, running, wait_for
 
 from cairn.app.screens import approval as approval_module
 from cairn.app.screens.approval import ApprovalModal
@@ -25,15 +24,6 @@ from cairn.persistence.events import ApprovalDecided
 from cairn.widgets.prompt_input import PromptInput
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def running(app: Any) -> AsyncIterator[Any]:
-    try:
-        async with app.run_test(size=SIZE) as pilot:
-            yield pilot
-    finally:
-        app.close_if_still_open()
 
 
 def press_at(app: Any, key: str, at: float) -> None:

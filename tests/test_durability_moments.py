@@ -18,16 +18,15 @@ agent (in process, with a recording connection), the OpenAI provider against the
 from __future__ import annotations
 
 import os
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
 from acp import text_block
 from agent_helpers import script_agent, types, write_script
 from openai_server import OpenAIServer, RecordedRequest, error, text
-from tui_helpers import DEPLOY, SIZE, crashed_turn, make_world, top_screen, wait_for, write_log
+from tui_helpers import DEPLOY, crashed_turn, make_world, running, top_screen, wait_for, write_log
 
 from cairn.app.agent import rewind as engine
 from cairn.app.agent.approval import ApprovalAnswer, ApprovalRequest
@@ -56,15 +55,6 @@ def only(events: list[Any], kind: type) -> Any:
 
 
 # -- a verdict ---------------------------------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def running(app: Any) -> AsyncIterator[Any]:
-    try:
-        async with app.run_test(size=SIZE) as pilot:
-            yield pilot
-    finally:
-        app.close_if_still_open()
 
 
 async def test_a_verdict_is_durable_when_its_dialog_closes(tmp_path, monkeypatch):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from agent_helpers import write_script
 
@@ -183,3 +184,13 @@ async def approval_ready(pilot: Any, app: Any, timeout: float = 10.0) -> Any:
     await wait_for(pilot, lambda: modal.armed, "the approval modal to take keys", timeout)
     await wait_for(pilot, lambda: str(modal.query_one("#guard").render()).startswith("Choose"), "its hint", timeout)
     return modal
+
+
+@asynccontextmanager
+async def running(app: Any) -> AsyncIterator[Any]:
+    """`app.run_test` at the standard size, closed even when the test fails inside it."""
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            yield pilot
+    finally:
+        app.close_if_still_open()
