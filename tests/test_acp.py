@@ -452,25 +452,42 @@ def test_replay_shows_a_turn_that_ended_in_an_error_as_that_error_not_an_unanswe
     assert texts == ["The turn ended with an error: HTTP_500: upstream down"]
 
 
-def test_replay_shows_a_successful_edit_as_the_change_it_made():
+def test_replay_shows_a_successful_edit_as_the_whole_file_diff_it_showed_live():
+    """Issue 40: live, an edit's diff is the whole file before and after; the replay rebuilds the same from the
+    before-image its fingerprint names, and says so, without a diff, when the log cannot give it (never the
+    fragment, which is not what was shown)."""
+    import hashlib
+
     from cairn.app.acp.updates import replay
     from cairn.persistence.events import (AssistantMessage, StepEnd, StepStart, ToolCall, ToolCallRequest, ToolResult,
                                           TurnEnd, TurnStart, UserMessage)
 
+    before, after = "say hello\nto all\n", "say goodbye\nto all\n"
+    sha = {text: hashlib.sha256(text.encode()).hexdigest() for text in (before, after)}
     arguments = {"path": "notes.txt", "old": "hello", "new": "goodbye"}
-    events = [TurnStart(turn=1), StepStart(turn=1, step=1), UserMessage(turn=1, step=1, text="edit"),
-              AssistantMessage(turn=1, step=1, text="", tool_calls=[ToolCallRequest("c1", "edit_file", arguments)],
-                               interrupted=False),
-              ToolCall(turn=1, step=1, call_id="c1", name="edit_file", arguments=arguments, safety="side_effecting",
-                       parent_call_id=None),
-              ToolResult(turn=1, step=1, call_id="c1", is_error=False, content="edited notes.txt", error_code=None,
-                         source_seq=4),
-              StepEnd(turn=1, step=1), TurnEnd(turn=1, reason="completed", error=None)]
-    for seq, e in enumerate(events):
-        e.seq, e.time = seq, 1
-    (card,) = [u for u in replay(events, Path("/ws")) if u.session_update == "tool_call"]
+
+    def events(**fingerprint: str) -> list:
+        found = [TurnStart(turn=1), StepStart(turn=1, step=1), UserMessage(turn=1, step=1, text="edit"),
+                 AssistantMessage(turn=1, step=1, text="", tool_calls=[ToolCallRequest("c1", "edit_file", arguments)],
+                                  interrupted=False),
+                 ToolCall(turn=1, step=1, call_id="c1", name="edit_file", arguments=arguments, safety="side_effecting",
+                          parent_call_id=None, **fingerprint),
+                 ToolResult(turn=1, step=1, call_id="c1", is_error=False, content="edited notes.txt", error_code=None,
+                            source_seq=4),
+                 StepEnd(turn=1, step=1), TurnEnd(turn=1, reason="completed", error=None)]
+        for seq, e in enumerate(found):
+            e.seq, e.time = seq, 1
+        return found
+
+    images = {sha[before]: before.encode()}
+    fingerprinted = events(before_sha256=sha[before], after_sha256=sha[after])
+    (card,) = [u for u in replay(fingerprinted, Path("/ws"), before_image=images.get) if u.session_update == "tool_call"]
     (diff,) = [c for c in card.content if getattr(c, "type", None) == "diff"]
-    assert (diff.path, diff.old_text, diff.new_text) == ("/ws/notes.txt", "hello", "goodbye")
+    assert (diff.path, diff.old_text, diff.new_text) == ("/ws/notes.txt", before, after)
+    for log, store in ((fingerprinted, {}.get), (events(), images.get)):  # no before-image kept / no fingerprints
+        (card,) = [u for u in replay(log, Path("/ws"), before_image=store) if u.session_update == "tool_call"]
+        assert [c.type for c in card.content] == ["content", "content"]
+        assert content_text(card).startswith("edited notes.txt\nNo diff shown: ")
 
 
 def test_replay_names_the_safety_of_a_not_started_call_from_the_sessions_tools():

@@ -50,9 +50,10 @@ until the client disconnects.
 MCP servers offered by the client (`mcpServers` of session/new and session/load; stdio and http, advertised in
 `mcpCapabilities`) start with the session beside those of the config file (an editor's server replaces a file's of the
 same name); their tools are `NAME__tool` with the safety class of their annotations (app/tools/mcp.py). One agent
-message names what could not be used — an SSE or ACP-transport server, a server that failed to start — and stderr
-gets the same warning, so nothing offered is dropped silently. A session that is already open keeps the servers it
-was opened with.
+message names what could not be used — an SSE or ACP-transport server, a server that failed to start — and one more
+names each tool a server listed that Cairn left out (an invalid definition, an input schema that is not an object's:
+SPEC §8); stderr gets the same lines, so nothing offered is dropped silently. A session that is already open keeps the
+servers it was opened with.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from urllib.parse import unquote, urlparse
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 from acp import PROTOCOL_VERSION, RequestError
 from acp.helpers import update_available_commands, update_current_mode
 from acp.schema import (
@@ -201,7 +203,18 @@ class CairnAgent:
             tool = tools.get(name) if tools is not None else None
             return tool.safety if tool is not None else None
 
-        await host.replay(replay(history, host.config.workspace, safety_of))
+        blobs = host.agent.loop.blobs if host.agent is not None else None
+
+        def before_image(sha256: str) -> bytes | None:  # a file tool's before-image, for the diff it showed live
+            try:
+                return blobs().get(sha256) if blobs is not None else None
+            except Exception as e:  # noqa: BLE001 -- a store that cannot be read costs the diff, never the load
+                log.warning("session %s: before-image %s not readable (%s)", host.id, sha256[:12], e)
+                return None
+
+        # (in a thread: before-images are read from the session's store, which may be a database)
+        updates = await anyio.to_thread.run_sync(replay, history, host.config.workspace, safety_of, before_image)
+        await host.replay(updates)
         if host.config.workspace != Path(cwd).resolve():
             host.say(f"This session works in its own workspace, {host.config.workspace} (not {cwd}): its tools, "
                      "snapshots and rewinds run there.")
@@ -276,8 +289,9 @@ class CairnAgent:
                 host.pump.release()
 
     def _greet(self, host: SessionHost, skipped: list[str]) -> None:
-        """What a client shows beside a fresh or reopened session: the slash commands, and one message naming the MCP
-        servers that could not be used (a transport Cairn lacks, a failed start), never silently dropped."""
+        """What a client shows beside a fresh or reopened session: the slash commands, one message naming the MCP
+        servers that could not be used (a transport Cairn lacks, a failed start), and one per MCP tool left out —
+        never silently dropped."""
         host.pump.put(update_available_commands(COMMANDS))
         mcp = host.agent.mcp if host.agent is not None else None
         failed = [f"{s.config.name} (did not start: {s.error})" for s in (mcp.states if mcp is not None else [])
@@ -288,6 +302,8 @@ class CairnAgent:
             log.warning("session %s: MCP servers not used: %s", host.id, names)
             host.say(f"Cairn cannot use these MCP servers in this session: {names}. Their tools are not available; "
                      "every other tool is.")
+        for line in (mcp.left_out if mcp is not None else []):  # (stderr had each line as the servers started)
+            host.say(f"{line}. The server's other tools are available.")
 
     async def list_sessions(self, cwd: str | None = None, cursor: str | None = None,
                             **kwargs: Any) -> ListSessionsResponse:

@@ -46,7 +46,7 @@ from ..agent.loop import TurnResult
 from ..compose import Agent, open_agent
 from ..config.resolver import Config
 from ..render import first_line
-from .updates import LiveView, call_content, tool_kind, tool_locations, tool_title, wire
+from .updates import LiveView, call_content, repaired_results, tool_kind, tool_locations, tool_title, wire
 
 log = logging.getLogger("cairn.acp")
 
@@ -282,13 +282,14 @@ class SessionHost:
         evidence = evidence_by_call(events).get(call_id)
         recorded = next(e for e in reversed(events) if isinstance(e, RecoveryVerdict))
         safety = next((e.safety for e in reversed(events) if isinstance(e, ToolCall) and e.call_id == call_id), None)
+        recovered = id(waiting[call_id]) in repaired_results(events)
         try:
             await self.agent.session.flush()  # an operator's decision is durable at once (SPEC §2 rev 3)
         except CheckpointFailed as e:
-            self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety, evidence))
+            self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety, evidence, recovered))
             return (f"Recorded `{call_id}` {verdict}, but it is not durable yet ({e.cause}); it is written at the next "
                     "checkpoint.")
-        self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety, evidence))
+        self.pump.put(self.view.verdict_update(recorded, waiting[call_id], safety, evidence, recovered))
         return (f"Recorded: `{call_id}` {verdict}" + (f" ({note})" if note else "")
                 + ". The model will see it with your next prompt.")
 

@@ -9,18 +9,33 @@ Two views of the same log, both derived from events only (the log is the source 
   never gets `in_progress`: it goes straight from `pending` to `failed` with DENIED.
 - `replay(events)` redraws the whole history for `session/load`: every prompt as `user_message_chunk` (attached files
   folded back to their names), every step's reasoning as one `agent_thought_chunk` and its text as one
-  `agent_message_chunk`, and every tool call once, as a `tool_call` carrying its final status and result. A turn that
-  crash repair closed gets a short agent message before its recovered calls ("Cairn stopped here …").
+  `agent_message_chunk`, and every tool call once, as a `tool_call` carrying its final status and result — the same
+  content, `rawOutput` and `_meta` as the live `tool_call_update` that finished it, diffs included (below). How a
+  turn ended is said as it happened: a turn crash repair closed gets a short agent message before its recovered calls
+  ("Cairn stopped here (crash or kill) …"); a turn the user cancelled (`session/cancel`, a dismissed permission
+  request, a disconnect — answered live with the stop reason `cancelled`) ends with "The turn was cancelled."; a turn
+  that ended in an error, with that error (live, the prompt's JSON-RPC error). Each of these markers carries
+  `_meta.cairn.turn_end` (`interrupted`, `cancelled`, `error`); a cancelled turn's marker also carries the live
+  `stop_reason`.
 
 What a person needs to decide about a call is in the call itself, not only in its title: `run_command` carries the full
 command as a text block; `write_file`/`edit_file` carry `diff` content (`path`, `oldText` — null for a new file —,
-`newText`) read from the workspace when the call is announced, in the permission request and again on completion;
-file tools carry `locations`. Titles are short and readable ("Run `make test`", "Edit `src/a.py`").
+`newText`: the whole file before and after) read from the workspace when the call is announced, in the permission
+request and again on completion; file tools carry `locations`. Titles are short and readable ("Run `make test`",
+"Edit `src/a.py`").
+
+A replay cannot read the file as it was, so it rebuilds the same whole-file diff from what the log holds: the call's
+before-image (SPEC §9: stored by `before_sha256`, fetched through `before_image`) is `oldText` — none for a file that
+did not exist —, and `newText` is what the call's arguments make of it, checked against the call's `after_sha256`.
+When that cannot be done (a log without fingerprints, a before-image not kept — too large, holding a secret —, or a
+rebuilt text that does not match the fingerprint), the call carries no diff and a text block says why: never a diff
+of something else (a fragment, today's file).
 
 Every result carries its outcome twice: as text starting with its status word (`OUTCOME_UNKNOWN: …`, the same word
-live and after a crash), and machine-readable in `rawOutput` and `_meta.cairn` (`status`, `error_code`, `safety`, and
-`verdict` once an operator gave one). A recovered call Cairn could check after the crash (SPEC §9 rev 3: a file tool's
-path against its fingerprints, a command's process) also carries that evidence: `_meta.cairn.evidence` and
+live and after a crash), and machine-readable in `rawOutput` and `_meta.cairn` (`status`, `error_code`, `safety`,
+`recovered` — true only for a result crash repair wrote (`repaired_results`), never for a call a cancel cut short —,
+and `verdict` once an operator gave one). A recovered call Cairn could check after the crash (SPEC §9 rev 3: a file
+tool's path against its fingerprints, a command's process) also carries that evidence: `_meta.cairn.evidence` and
 `rawOutput.evidence` (`{"finding", "detail"}`), and a text block after the result ("Cairn checked after the crash: …").
 
 Text sent to the editor is data, not terminal output, so control characters go out as JSON escapes, unchanged. Lone
@@ -30,6 +45,7 @@ parsers (Rust's serde_json, in Zed) refuse, losing the whole message; they go ou
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -89,7 +105,9 @@ T = TypeVar("T")
 MAX_DIFF_BYTES = 512 * 1024  # a larger file gets no diff preview (the call still shows its arguments)
 TITLE_LIMIT = 120
 STOPPED_HERE = "Cairn stopped here (crash or kill)"
+CANCELLED_HERE = "The turn was cancelled."
 RECOVERED = (TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN)
+NO_DIFF = "No diff shown: "
 
 
 def wire(value: T) -> T:
@@ -217,15 +235,54 @@ def file_diff(name: str, arguments: Any, workspace: Path) -> FileEditToolCallCon
     return tool_diff_content(wire(real), wire(printable(old.replace(before, after, 1))), wire(old))
 
 
-def edit_diff(name: str, arguments: Any, workspace: Path) -> FileEditToolCallContent | None:
-    """For a replayed `edit_file` that succeeded: the change it made, from its own arguments (the text replaced and
-    its replacement). The file has changed since, so a whole-file diff would be a guess; a `write_file`'s earlier
-    content is not known, so it gets none."""
-    path, before, after = _arg(arguments, "path"), _arg(arguments, "old"), _arg(arguments, "new")
-    if name != "edit_file" or path is None or not before or after is None:
-        return None
-    shown = os.path.normpath(os.path.join(str(workspace), path))  # (it succeeded: the tool took it as inside)
-    return tool_diff_content(wire(shown), wire(printable(after)), wire(printable(before)))
+def diff_path(workspace: Path, path: str) -> str:
+    """The absolute path a diff names, as `current_text` gives it live: the workspace's real root and the path's real
+    directories (a link on the way resolved), lexically when it cannot be walked now."""
+    root = workspace_root(workspace)
+    try:
+        with locate(workspace, path) as found:
+            return os.path.join(root, *found.parts)
+    except MissingPath as missing:
+        return os.path.join(root, *missing.parts)
+    except (ToolFailure, OSError):
+        return os.path.normpath(os.path.join(root, path))
+
+
+def replayed_diff(call: ToolCall | None, workspace: Path, before_image: Callable[[str], bytes | None] | None,
+                  ) -> tuple[FileEditToolCallContent | None, str | None]:
+    """The whole-file diff a successful `write_file`/`edit_file` showed live, rebuilt from the log (see the module
+    docstring): (the diff, None), or (None, why it cannot be shown), or (None, None) for other calls."""
+    if call is None or call.name not in ("write_file", "edit_file"):
+        return None, None
+    arguments = call.arguments
+    path = _arg(arguments, "path")
+    if path is None:
+        return None, None
+    if call.after_sha256 is None:
+        return None, (f"{NO_DIFF}this call was recorded without the fingerprints that would say what {path} held "
+                      "before it.")
+    if call.before_sha256 is None:
+        old: str | None = None
+    else:
+        data = before_image(call.before_sha256) if before_image is not None else None
+        if data is None:
+            return None, (f"{NO_DIFF}Cairn did not keep {path} as it was before this call (too large, holding a "
+                          "secret, or its store is not available), so its earlier content is not known.")
+        if len(data) > MAX_DIFF_BYTES or b"\x00" in data[:8192]:
+            return None, None  # live, a file this large or binary had no diff either
+        try:
+            old = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, None  # (nor one that is not UTF-8 text)
+    if call.name == "write_file":
+        new = _arg(arguments, "content")
+    else:
+        before, after = _arg(arguments, "old"), _arg(arguments, "new")
+        new = old.replace(before, after, 1) if old is not None and before and after is not None else None
+    new = printable(new) if new is not None else None
+    if new is None or hashlib.sha256(new.encode("utf-8")).hexdigest() != call.after_sha256:
+        return None, f"{NO_DIFF}the change to {path} cannot be rebuilt from the log as it was made."
+    return tool_diff_content(wire(diff_path(workspace, path)), wire(new), wire(old)), None
 
 
 def call_content(name: str, arguments: Any, diff: FileEditToolCallContent | None) -> list[Content] | None:
@@ -263,10 +320,11 @@ def evidence_text(evidence: RecoveryEvidence) -> str:
 
 
 def outcome_meta(result: ToolResult, safety: str | None, verdict: RecoveryVerdict | None = None,
-                 evidence: RecoveryEvidence | None = None) -> dict[str, Any]:
-    """`_meta.cairn` of a finished call: what a client can act on without parsing text."""
+                 evidence: RecoveryEvidence | None = None, recovered: bool = False) -> dict[str, Any]:
+    """`_meta.cairn` of a finished call: what a client can act on without parsing text. `recovered`: crash repair
+    wrote this result (never a result the loop wrote live, a cancelled call's OUTCOME_UNKNOWN included)."""
     cairn: dict[str, Any] = {"status": status_word(result), "error_code": result.error_code, "safety": safety,
-                             "recovered": result.error_code in RECOVERED}
+                             "recovered": recovered}
     if evidence is not None:
         cairn["evidence"] = evidence_json(evidence)
     if verdict is not None:
@@ -352,9 +410,11 @@ class LiveView:
         return []
 
     def verdict_update(self, verdict: RecoveryVerdict, result: ToolResult | None,
-                       safety: str | None = None, evidence: RecoveryEvidence | None = None) -> ToolCallProgress:
+                       safety: str | None = None, evidence: RecoveryEvidence | None = None,
+                       recovered: bool = False) -> ToolCallProgress:
         """The call's card after an operator's verdict over ACP (`/verdict`): its status stays the finished one (a
-        client that gets no status would show the call as running again) and `_meta` keeps its safety."""
+        client that gets no status would show the call as running again) and `_meta` keeps its safety and whether
+        repair wrote the result (`recovered`, as the replay says)."""
         info = self.calls.get(verdict.call_id) or CallInfo("tool", {}, safety)
         text = result_text(result) if result is not None else ""
         safety = info.safety or safety
@@ -364,7 +424,7 @@ class LiveView:
             content=finished_content(CallInfo(info.name, info.arguments, safety), text,
                                      [*([evidence_text(evidence)] if evidence is not None else []),
                                       verdict_text(verdict)]),
-            field_meta=outcome_meta(result, safety, verdict, evidence) if result is not None else None,
+            field_meta=outcome_meta(result, safety, verdict, evidence, recovered) if result is not None else None,
         )
 
 
@@ -396,16 +456,49 @@ def session_title(events: list[AnyEvent]) -> str | None:
     return wire(first_line(shown_prompt(prompt), 80)) or None if prompt else None
 
 
+REPAIR_WORDS = "Cairn stopped (crash or kill)"  # how repair's results begin, after their code (persistence/repair.py)
+
+
+def repaired_results(events: list[AnyEvent]) -> set[int]:
+    """The results crash repair wrote (as `id()`s of the events in `events`). Repair closes a turn with the results of
+    its open step's unanswered calls, `step/end` and `turn/end` `interrupted`, contiguous at the turn's end, each
+    NOT_STARTED or OUTCOME_UNKNOWN in repair's own words. The loop writes OUTCOME_UNKNOWN itself too — a call a cancel
+    cut short, an MCP call past its time limit — and those results are what happened live, not recoveries."""
+    found: set[int] = set()
+    for i, e in enumerate(events):
+        if not (isinstance(e, TurnEnd) and e.reason == "interrupted"):
+            continue
+        j = i - 1
+        if j >= 0 and isinstance(events[j], StepEnd):
+            j -= 1
+        while j >= 0 and isinstance(r := events[j], ToolResult):
+            if r.error_code in RECOVERED and r.content.startswith(f"{r.error_code}: {REPAIR_WORDS}"):
+                found.add(id(r))
+            j -= 1
+    return found
+
+
+def turn_end_marker(text: str, **cairn: Any) -> AgentMessageChunk:
+    """An agent message saying how a turn ended, machine-readable in `_meta.cairn` (see the module docstring)."""
+    update = update_agent_message_text(wire(text))
+    update.field_meta = {"cairn": wire(cairn)}
+    return update
+
+
 def replay(events: list[AnyEvent], workspace: Path,
-           safety_of: Callable[[str], str | None] = builtin_safety) -> list[Update]:
+           safety_of: Callable[[str], str | None] = builtin_safety,
+           before_image: Callable[[str], bytes | None] | None = None) -> list[Update]:
     """The history of a session as updates, for `session/load` (see the module docstring). `safety_of` names a
-    tool's class for calls that never got a `tool/call` (NOT_STARTED): the session's registry knows its MCP tools."""
+    tool's class for calls that never got a `tool/call` (NOT_STARTED): the session's registry knows its MCP tools.
+    `before_image` gives a before-image by its sha256 (the session's blob store), for the diffs of file changes."""
     out: list[Update] = []
     calls: dict[str, CallInfo] = {}
+    recorded: dict[str, ToolCall] = {}  # call id -> its tool/call (fingerprints, for the diff)
     results: dict[str, ToolResult] = {}
     chunks: list[str] = []  # assistant text of a step whose assistant/message was never written (crash mid-stream)
     thoughts: list[str] = []  # the same for its reasoning
     stopped_said = False  # "Cairn stopped here" already said for this turn
+    repaired = repaired_results(events)
     # evidence is written after the repaired turn's end: known up front, shown with the call it is about
     evidence = {e.call_id: e for e in events if isinstance(e, RecoveryEvidence)}
 
@@ -437,42 +530,54 @@ def replay(events: list[AnyEvent], workspace: Path,
                 calls[c.call_id] = CallInfo(c.name, c.arguments, safety_of(c.name))
         elif isinstance(e, ToolCall):
             calls[e.call_id] = CallInfo(e.name, e.arguments, e.safety)
+            recorded[e.call_id] = e
         elif isinstance(e, ToolResult):
             info = calls.get(e.call_id) or CallInfo("tool", {}, None)
-            if e.error_code in RECOVERED and not stopped_said:
+            recovered = id(e) in repaired
+            if recovered and not stopped_said:
                 flush_chunks()
-                out.append(update_agent_message_text(f"{STOPPED_HERE}; recovered calls below."))
+                out.append(turn_end_marker(f"{STOPPED_HERE}; recovered calls below.", turn_end="interrupted",
+                                           recovered=True))
                 stopped_said = True
             results[e.call_id] = e
-            if not e.is_error and info.diff is None:
-                info = CallInfo(info.name, info.arguments, info.safety, edit_diff(info.name, info.arguments, workspace))
-            found = evidence.get(e.call_id) if e.error_code in RECOVERED else None
+            extra: list[str] = []
+            if not e.is_error:  # as live: a failed call shows no diff of what did not happen
+                diff, why = replayed_diff(recorded.get(e.call_id), workspace, before_image)
+                info = CallInfo(info.name, info.arguments, info.safety, diff)
+                extra += [why] if why else []
+            found = evidence.get(e.call_id) if recovered else None
+            extra += [evidence_text(found)] if found is not None else []
+            calls[e.call_id] = info
             out.append(ToolCallStart(
                 session_update="tool_call", tool_call_id=wire(e.call_id), title=tool_title(info.name, info.arguments),
                 kind=tool_kind(info.name), status=final_status(e),
-                content=finished_content(info, result_text(e), [evidence_text(found)] if found is not None else []),
+                content=finished_content(info, result_text(e), extra),
                 locations=tool_locations(info.name, info.arguments, workspace), raw_input=wire(info.arguments),
-                raw_output=raw_output(e, found), field_meta=outcome_meta(e, info.safety, evidence=found),
+                raw_output=raw_output(e, found),
+                field_meta=outcome_meta(e, info.safety, evidence=found, recovered=recovered),
             ))
         elif isinstance(e, StepEnd):
             flush_chunks()
         elif isinstance(e, TurnEnd):
             flush_chunks()
             if e.reason == "interrupted" and not stopped_said:
-                out.append(update_agent_message_text(f"{STOPPED_HERE}."))
+                out.append(turn_end_marker(f"{STOPPED_HERE}.", turn_end="interrupted", recovered=True))
                 stopped_said = True
+            elif e.reason == "cancelled":  # live: the prompt's answer, stop reason `cancelled`
+                out.append(turn_end_marker(CANCELLED_HERE, turn_end="cancelled", stop_reason="cancelled"))
             elif e.reason == "error" and e.error is not None:  # as live: the turn's error, not an unanswered prompt
-                out.append(update_agent_message_text(wire(f"The turn ended with an error: {e.error.code}: "
-                                                          f"{e.error.message}")))
+                out.append(turn_end_marker(f"The turn ended with an error: {e.error.code}: {e.error.message}",
+                                           turn_end="error", error_code=e.error.code))
         elif isinstance(e, RecoveryVerdict) and e.call_id in results:
             result = results[e.call_id]
             info = calls.get(e.call_id) or CallInfo("tool", {}, None)
-            found = evidence.get(e.call_id) if result.error_code in RECOVERED else None
+            recovered = id(result) in repaired
+            found = evidence.get(e.call_id) if recovered else None
             out.append(ToolCallProgress(
                 session_update="tool_call_update", tool_call_id=wire(e.call_id), status=final_status(result),
                 content=finished_content(info, result_text(result),
                                          [*([evidence_text(found)] if found is not None else []), verdict_text(e)]),
-                field_meta=outcome_meta(result, info.safety, e, found),
+                field_meta=outcome_meta(result, info.safety, e, found, recovered=recovered),
             ))
     flush_chunks()
     return out

@@ -18,8 +18,17 @@ server that honours keys can deduplicate a retried side effect after OUTCOME_UNK
 server as an MCP cancellation (the SDK sends `notifications/cancelled` when the awaiting task is cancelled); the loop
 then records it as OUTCOME_UNKNOWN, as for any body cut short. A server that dies during a call turns that call into a
 TOOL_OUTCOME_UNKNOWN error result at once (the connection closes; nothing waits for an answer that cannot come), with
-the advice of its safety class. Output keeps text; images, audio and binary resources are summarised in one line; the
-whole is bounded by `truncate_output` like the built-in tools; secrets are scrubbed at append like every event.
+the advice of its safety class. A call whose request never reached its server (an HTTP server that is down: no
+connection could be made) is not that: it did not run, and its error says so and that it may be retried. What a
+server sends is read before the SDK parses it (`replace_lone_surrogates`): invalid UTF-8 and lone surrogate escapes
+(a TypeScript server that cut a string mid-emoji) become U+FFFD, so an answer is never dropped and no call waits for
+its time limit. A listed tool whose definition or input schema Cairn cannot offer (a schema that is not an object's,
+e.g. `{"type": "string"}`) is left out with one line naming the server and the tool (`report`, and `left_out` for
+faces that show it later); the server's other tools stay.
+
+Output keeps text; images, audio and binary resources are summarised in one line; the whole is bounded by
+`truncate_output` like the built-in tools; secrets are scrubbed at append like every event. A server that exits
+between calls is started again before the next one (its connection had ended: that call was never sent).
 
 Lifecycle: `McpServers` is an async context manager entered by `compose.mount_agent` before the policy and the loop,
 so the AsyncExitStack stops the servers after the loop has quiesced and before persistence closes. A stdio server runs
@@ -37,6 +46,7 @@ The `mcp` package (which brings pydantic) is imported only when a server is conf
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import math
@@ -337,10 +347,29 @@ def render_result(result: Any) -> str:
 
 
 def _schema(raw: Any) -> dict[str, Any]:
+    """The input schema as offered to the model: an object schema (one without a `type` gets `"type": "object"`; a
+    schema whose `type` is something else never reaches here, see `schema_problem`)."""
     schema = dict(raw) if isinstance(raw, dict) else {}
-    if schema.get("type") != "object":
+    kind = schema.get("type")
+    if kind != "object":
+        if isinstance(kind, list) and "object" in kind:
+            return {**schema, "type": "object"}  # ["object", "null"]: Cairn always sends an object
         schema = {"type": "object", "properties": schema.get("properties") or {}}
     return schema
+
+
+def schema_problem(raw: Any) -> str | None:
+    """Why a listed tool's input schema cannot be offered to a model (None: it can). A tool's arguments are always a
+    JSON object (MCP `tools/call`, and every model API's function parameters), so a schema that says otherwise — e.g.
+    `{"type": "string"}` — describes arguments no call could send: the tool is left out (SPEC §8), never rewritten to
+    an empty object the model would then call blind. A schema without a `type` is taken as an object's."""
+    if not isinstance(raw, dict):
+        return "its input schema is not a JSON object"
+    kind = raw.get("type", "object")
+    if kind == "object" or (isinstance(kind, list) and "object" in kind):
+        return None
+    shown = json.dumps(kind, ensure_ascii=False)
+    return f"its input schema is not an object schema (type {shown[:40]}), and a tool's arguments are always an object"
 
 
 class McpCallFailed(ToolFailure):
@@ -384,6 +413,7 @@ class _Connection:
         self._stderr: Any = None
         self.spawn: Callable[[Callable[[], Any]], None] | None = None  # starts a task beside the others (a restart)
         self.bad_tools: list[str] = []  # one line each: a listed tool Cairn left out (a schema it cannot use)
+        self.unsent: dict[str, str] = {}  # call id -> why its request never reached the server (HTTP: no connection)
         self._restarting: anyio.Event | None = None
 
     async def restart(self) -> bool:
@@ -459,6 +489,9 @@ class _Connection:
             self.finished.set()
 
     async def _list_tools(self, session: Any) -> list[Any]:
+        """Every tool the server lists that Cairn can offer; each one left out is one line in `bad_tools` (this
+        start's: a restart lists again)."""
+        self.bad_tools = []
         tools: list[Any] = []
         cursor = None
         for _ in range(100):  # a paginator that never ends must not hang the start
@@ -475,7 +508,14 @@ class _Connection:
                 cursor = getattr(page, "next_cursor", None)
             if not cursor:
                 break
-        return tools
+        usable = []
+        for tool in tools:
+            problem = schema_problem(getattr(tool, "input_schema", None))
+            if problem is None:
+                usable.append(tool)
+            else:
+                self.bad_tools.append(f"tool `{str(tool.name)[:80]}` left out: {problem}")
+        return usable
 
     async def _list_tools_one_by_one(self, session: Any, cursor: str | None) -> tuple[list[Any], str | None]:
         """The same page, read raw and checked tool by tool; each tool left out is one line in `bad_tools`."""
@@ -505,7 +545,6 @@ class _Connection:
         config = self.config
         if config.url:
             from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
 
             headers = dict(config.headers)
             if config.bearer_token_env:
@@ -513,7 +552,7 @@ class _Connection:
                 if not token:
                     raise _StartError(f"{config.bearer_token_env} (bearer_token_env) is not set")
                 headers["Authorization"] = f"Bearer {token}"
-            client = create_mcp_http_client(headers=headers)
+            client = _http_client(headers, self.unsent)
             stack.push_async_callback(client.aclose)
             return streamable_http_client(config.url, http_client=client)
         from mcp import StdioServerParameters, stdio_client
@@ -530,9 +569,12 @@ class _Connection:
             raise _StartError(f"cwd {cwd} is not a directory")
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
         executable, args = _die_with_cairn(command, list(config.args))
-        # replacement, never a stalled call: invalid UTF-8 from a server becomes U+FFFD (SPEC §8 rev 3)
+        # replacement, never a stalled call: invalid UTF-8 from a server becomes U+FFFD (SPEC §8 rev 3), and so does a
+        # lone surrogate escape (rev 4), read through Cairn's codec before the SDK parses a line
+        _register_codec()
         return stdio_client(StdioServerParameters(command=executable, args=args, env=env, cwd=str(cwd),
-                                                  encoding_error_handler="replace"), errlog=self._stderr)
+                                                  encoding=STDIO_ENCODING, encoding_error_handler="replace"),
+                            errlog=self._stderr)
 
     def stderr_tail(self) -> str:
         """The last line the server wrote on stderr (why it failed, usually), bounded."""
@@ -570,6 +612,12 @@ class _Connection:
         from cairn.persistence.repair import SAFETY_ADVICE
 
         name = self.config.name
+        if self.session is not None and _connection_ended(self.session):
+            # the server went away between calls (a stdio server that exited): nothing was sent, so this call has not
+            # begun; the connection is started again first, as after any break (SPEC §8)
+            tail = self.stderr_tail()
+            self._fail("its connection ended between calls" + (f" ({tail})" if tail else ""))
+            self.session = None
         if self.session is None and self.state.status == "crashed":
             log.info("MCP server %s: restarting it for a call (%s)", name, self.state.error)
             await self.restart()
@@ -581,6 +629,15 @@ class _Connection:
             result = await session.call_tool(tool, arguments, read_timeout_seconds=self.config.call_timeout,
                                              meta={META_KEY: ctx.call_id})
         except MCPError as e:
+            if e.code == CONNECTION_CLOSED and ctx.call_id in self.unsent:
+                why = self.unsent.pop(ctx.call_id)
+                self._fail(f"it could not be reached ({why})")
+                self.session = None
+                raise McpCallFailed(
+                    f"the MCP server `{name}` could not be reached ({why}), so this call to `{shown}` was never sent "
+                    "and did not run. Retry it if it is still needed: Cairn starts the server again before the next "
+                    "call."
+                ) from None
             if e.code == CONNECTION_CLOSED:
                 tail = self.stderr_tail()
                 self._fail("it stopped during a call" + (f" ({tail})" if tail else ""))
@@ -603,6 +660,186 @@ class _Connection:
         if getattr(result, "is_error", False):
             raise McpCallFailed(text or f"`{shown}` failed (the server gave no details)")
         return text
+
+
+# ---------------------------------------------------------------------------------------------------- the wire
+
+# JSON text from a server, read before the SDK parses it. A server on the official TypeScript SDK that cuts a string
+# between the two halves of an emoji sends what JSON.stringify makes of it: a lone surrogate escape ("\ud83d"). The
+# SDK's strict parser refuses the whole message, so the answer is lost and the call waits for its time limit (SPEC §8:
+# never a stalled call). Each lone surrogate escape becomes "\ufffd" (U+FFFD, the same six characters, so a
+# Content-Length stays right); a well-formed pair and every other escape pass unchanged. Escapes are read from left to
+# right, so the "\\" of an escaped backslash is never taken for the start of one. Backslashes occur only inside JSON
+# strings, so no other context is needed; only an escape cut by a chunk's end is held back for the next chunk.
+_LOW_ESCAPE_PREFIX = re.compile(r"(\\(u([dD]([c-fC-F][0-9a-fA-F]{0,2})?)?)?)?")  # what may still become "\\udcXX"
+_HEX = frozenset("0123456789abcdefABCDEF")
+REPLACEMENT_ESCAPE = "\\ufffd"
+
+
+def _hex4(text: str, at: int) -> int | None:
+    """The value of the four hex digits at `at`, or None when they are not four hex digits."""
+    digits = text[at:at + 4]
+    return int(digits, 16) if len(digits) == 4 and all(c in _HEX for c in digits) else None
+
+
+def replace_lone_surrogates(text: str, final: bool = True) -> tuple[str, str]:
+    """(`text` with each lone surrogate escape replaced by "\\ufffd", the tail held back because an escape there is
+    cut short — always "" when `final`)."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        j = text.find("\\", i)
+        if j < 0:
+            out.append(text[i:])
+            return "".join(out), ""
+        out.append(text[i:j])
+        if not final and (j + 6 > n and _could_be_escape(text[j:])):
+            return "".join(out), text[j:]
+        if text[j + 1:j + 2] != "u" or (code := _hex4(text, j + 2)) is None:
+            out.append(text[j:j + 2])  # any other escape ("\\\\", "\\n", …), or not one at all: unchanged
+            i = j + 2
+            continue
+        i = j + 6
+        if not 0xD800 <= code <= 0xDFFF:
+            out.append(text[j:i])
+            continue
+        if code <= 0xDBFF:  # a high surrogate: whole only when a low one follows
+            rest = text[i:i + 6]
+            if not final and len(rest) < 6 and _LOW_ESCAPE_PREFIX.fullmatch(rest):
+                return "".join(out), text[j:]
+            low = _hex4(text, i + 2) if rest.startswith("\\u") else None
+            if low is not None and 0xDC00 <= low <= 0xDFFF:
+                out.append(text[j:i + 6])
+                i += 6
+                continue
+        out.append(REPLACEMENT_ESCAPE)
+
+
+def _could_be_escape(tail: str) -> bool:
+    """Whether `tail` (a backslash and fewer than six characters) may still become a \\uXXXX escape."""
+    return tail == "\\" or (tail[1] == "u" and all(c in _HEX for c in tail[2:]))
+
+
+class _JsonTextDecoder(codecs.IncrementalDecoder):
+    """UTF-8 (with the error handler given, "replace" for servers), then lone surrogate escapes replaced."""
+
+    def __init__(self, errors: str = "strict") -> None:
+        super().__init__(errors)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors)
+        self._held = ""
+
+    def decode(self, data: Any, final: bool = False) -> str:
+        text, self._held = replace_lone_surrogates(self._held + self._utf8.decode(data, final), final)
+        return text
+
+    def reset(self) -> None:
+        self._utf8.reset()
+        self._held = ""
+
+    def getstate(self) -> tuple[bytes, int]:
+        buffered, flag = self._utf8.getstate()
+        return self._held.encode("ascii") + buffered, flag  # (what is held is an escape's start: ASCII)
+
+    def setstate(self, state: tuple[bytes, int]) -> None:
+        self.reset()
+        self._utf8.setstate(state)
+
+
+STDIO_ENCODING = "cairn_mcp_json"  # the codec a stdio server's output is read with (see `_JsonTextDecoder`)
+
+
+def _find_codec(name: str) -> codecs.CodecInfo | None:
+    if name != STDIO_ENCODING:
+        return None
+
+    def decode(data: Any, errors: str = "strict") -> tuple[str, int]:
+        text, _ = codecs.utf_8_decode(data, errors, True)
+        return replace_lone_surrogates(text)[0], len(data)
+
+    return codecs.CodecInfo(codecs.utf_8_encode, decode, name=STDIO_ENCODING,
+                            incrementalencoder=codecs.getincrementalencoder("utf-8"),
+                            incrementaldecoder=_JsonTextDecoder)
+
+
+_codec_registered = False
+
+
+def _register_codec() -> None:
+    """The SDK's stdio transport decodes the server's stdout with the encoding it is given (StdioServerParameters):
+    that name is the seam where Cairn reads the bytes before the SDK parses them."""
+    global _codec_registered
+    if not _codec_registered:
+        codecs.register(_find_codec)
+        _codec_registered = True
+
+
+def _http_client(headers: dict[str, str], unsent: dict[str, str]) -> Any:
+    """The HTTP client a streamable HTTP server is reached with: the SDK's (its timeouts, proxies from the
+    environment), plus two things at the transport boundary, where Cairn sees the bytes and the failures first:
+
+    - every response body is read through `replace_lone_surrogates` (bodies with a Content-Encoding are left as they
+      are: their bytes are not JSON text yet);
+    - a `tools/call` whose request could not even be sent — no connection to the server (refused, unreachable, timed
+      out connecting) — has its call id put in `unsent` (with why), so the call says it never reached the server and
+      did not run, instead of "stopped while this call was running"."""
+    import httpx2
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    class Fixed(httpx2.AsyncByteStream):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __aiter__(self) -> Any:
+            held = ""
+            async for chunk in self.inner:
+                # bytes as Latin-1 text: one character per byte, so the ASCII escapes are found and the rest kept as is
+                text, held = replace_lone_surrogates(held + chunk.decode("latin-1"), final=False)
+                if text:
+                    yield text.encode("latin-1")
+            if held:
+                yield replace_lone_surrogates(held)[0].encode("latin-1")
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class Client(httpx2.AsyncClient):
+        async def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
+            try:
+                response = await super().send(request, stream=True, **kwargs)
+            except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as e:
+                call_id = _call_id_of(request)
+                if call_id is not None:
+                    unsent[call_id] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                raise
+            if response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity"):
+                response.stream = Fixed(response.stream)
+            if not stream:
+                try:
+                    await response.aread()
+                except BaseException:
+                    await response.aclose()
+                    raise
+            return response
+
+    return Client(headers=headers, timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
+
+
+def _call_id_of(request: Any) -> str | None:
+    """The Cairn call id a `tools/call` request carries (`params._meta["cairn/call_id"]`), else None."""
+    try:
+        message = json.loads(request.content)
+        if message.get("method") != "tools/call":
+            return None
+        value = message["params"]["_meta"][META_KEY]
+    except Exception:  # noqa: BLE001 -- not a request Cairn can read: not a call
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _connection_ended(session: Any) -> bool:
+    """Whether the SDK session already saw its connection end (its dispatcher closed: the server's output ended), so a
+    request now would not be sent at all (pinned SDK: mcp 2.3.0's JSONRPCDispatcher)."""
+    return getattr(getattr(session, "_dispatcher", None), "_closed", False) is True
 
 
 class _StartError(Exception):
@@ -653,6 +890,9 @@ class McpServers:
         self.settled = anyio.Event()
         self.on_change: list[Callable[[], None]] = []  # called after any server's state changed
         self.on_settled: list[Callable[[list[Tool]], None]] = []  # called once, with the tools of the ready servers
+        # one line per listed tool left out (a definition or schema Cairn cannot offer), also given to `report` as the
+        # servers settle: a face that shows its notices later (ACP's greeting) names them from here
+        self.left_out: list[str] = []
         self._closed = False
         self._stopping = False
 
@@ -728,7 +968,8 @@ class McpServers:
     def _register(self, connection: _Connection) -> None:
         config = connection.config
         for line in connection.bad_tools:
-            self.report(f"MCP server `{config.name}`: {line}")
+            self.left_out.append(f"MCP server `{config.name}`: {line}")
+            self.report(self.left_out[-1])
         taken = {t.name for t in self.tools}
         names = {t.name for t in connection.listed}
         for wanted in (config.enabled_tools or ()):
