@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Iterable
 
 from cairn.persistence.events import (
     AnyEvent,
@@ -44,6 +45,20 @@ def shown_model(model: str | None, secrets: "tuple[str, ...] | list[str]" = ()) 
 
     text = redact(model or "", tuple(secrets))
     return re.sub(r"(?<=://)[^/\s@]+(?=@)", "***", text)
+
+
+def superseded_verdicts(events: Iterable[AnyEvent]) -> dict[int, int]:
+    """The verdicts a later verdict on the same call supersedes: {seq of the earlier verdict: seq of the one after it}.
+    The log keeps every verdict (append-only); the newest on a call is the current one, the one the model is told."""
+    latest: dict[str, int] = {}
+    superseded: dict[int, int] = {}
+    for event in events:
+        if isinstance(event, RecoveryVerdict):
+            earlier = latest.get(event.call_id)
+            if earlier is not None:
+                superseded[earlier] = event.seq
+            latest[event.call_id] = event.seq
+    return superseded
 
 
 def result_status(result: ToolResult) -> str:
@@ -97,10 +112,13 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
     """A readable transcript. Events at index >= repair_from are marked as added by repair (not yet written).
     Reasoning is shown indented under `┆`, each answer's token usage after it, and the session's totals at the end.
     Evidence Cairn gathered about a recovered call (`recovery/evidence`, written after the repaired turn's end) is
-    shown under that call's result. The result still holds whatever the log holds: print it through `safe_text`."""
+    shown under that call's result. A verdict a later verdict on the same call supersedes (SPEC §11) is marked so,
+    with the seq of the one after it (the model is told only the newest). The result still holds whatever the log
+    holds: print it through `safe_text`."""
     out: list[str] = []
     names: dict[str, str] = {}
     evidence = {e.call_id: e for e in events if isinstance(e, RecoveryEvidence)}
+    superseded = superseded_verdicts(events)
     for i, e in enumerate(events):
         mark = "  [repair]" if repair_from is not None and i >= repair_from else ""
         if isinstance(e, TurnStart):
@@ -137,7 +155,11 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
                 out.append(f"    {evidence_line(evidence[e.call_id])}")
         elif isinstance(e, RecoveryVerdict):
             note = f" ({e.note})" if e.note else ""
-            out.append(f"  ✓ verdict on {e.call_id}: {e.verdict}{note}")
+            later = superseded.get(e.seq)
+            if later is not None:
+                out.append(f"  ✓ verdict on {e.call_id}: {e.verdict}{note} [superseded by the verdict at seq {later}]")
+            else:
+                out.append(f"  ✓ verdict on {e.call_id}: {e.verdict}{note}")
         elif isinstance(e, TurnEnd):
             err = f": {e.error.code} {e.error.message}" if e.error else ""
             out.append(f"── turn {e.turn} {e.reason}{err} ──{mark}")

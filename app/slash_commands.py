@@ -20,7 +20,7 @@ COMMANDS = (
     SlashCommand("new", "/new", "start a new session in this directory"),
     SlashCommand("sessions", "/sessions", "list sessions: open, resume, inspect"),
     SlashCommand("model", "/model [PROFILE|NAME]",
-                 "show the provider and model; a config-file PROFILE, or a model NAME, from the next turn"),
+                 "list the config file's profiles; a PROFILE, or a model NAME, from the next turn"),
     SlashCommand("permissions", "/permissions [revoke N | clear]", "what you allowed for this session; revoke it"),
     SlashCommand("usage", "/usage", "tokens used by the last turn and the session"),
     SlashCommand("verdict", "/verdict", "record what happened to an OUTCOME_UNKNOWN call"),
@@ -66,6 +66,65 @@ def profile_config(config: Any, name: str) -> Any | None:
     env = {k: v for k, v in os.environ.items() if k not in ("CAIRN_PROVIDER", "CAIRN_MODEL", "CAIRN_BASE_URL")}
     return resolve_config(home=str(config.home), backend=config.backend, workspace=str(config.workspace),
                           profile=name, config_file=str(path), env=env)
+
+
+# where a provider sends requests when a profile names no base_url (the providers' DEFAULT_BASE_URL, without importing
+# them: the listing is drawn without loading an HTTP client)
+DEFAULT_HOSTS = {"openai": "api.openai.com", "anthropic": "api.anthropic.com", "demo": "no server",
+                 "script": "no server"}
+
+
+def url_host(url: str | None) -> str:
+    """A base URL's host[:port] as it may be shown: never its user part (a token) or its query."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url or "")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "?"
+    if not host:
+        return "?"
+    return f"[{host}]:{port}" if port and ":" in host else f"{host}:{port}" if port else host
+
+
+def model_listing(config: Any, provider: Any, current_profile: str | None) -> str:
+    """`/model` with no argument: what the next request uses, the config file's profiles (each with its provider,
+    model and server host; the one in use marked) and how to switch. Settings a profile leaves out are named as
+    defaults (the provider then depends on whether a key is set)."""
+    from .config.file import ConfigFileError, read_config_file
+    from .config.resolver import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL, default_config_path
+
+    models = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC_MODEL}
+    endpoint = getattr(provider, "recorded_endpoint", None) or getattr(config, "base_url", None)
+    where = f" @ {url_host(endpoint)}" if endpoint else ""
+    using = f" (profile {current_profile})" if current_profile else ""
+    lines = [f"Now: {provider.name} · {provider.model}{where}{using}."]
+    path = getattr(config, "config_file", None)
+    switch_model = f"/model NAME uses another model of {provider.name} from the next request."
+    profiles: dict[str, Any] = {}
+    if path is not None:
+        try:
+            profiles = read_config_file(path).profiles
+        except (ConfigFileError, OSError) as e:
+            return "\n".join([*lines, f"The config file cannot be read: {e}", switch_model])
+    if not profiles:
+        return "\n".join([*lines, f"No profiles: add [profiles.NAME] sections (provider, model, base_url, api_key_env) "
+                                  f"to {path or default_config_path()} to switch with /model NAME. {switch_model}"])
+    lines.append(f"Profiles in {path}:")
+    width = max(len(name) for name in profiles)
+    for name, profile in profiles.items():
+        settings = profile.settings
+        kind = settings.get("provider")
+        model = settings.get("model") or (f"{models[kind]} (default)" if kind in models else "default model")
+        host = (url_host(settings["base_url"]) if settings.get("base_url")
+                else DEFAULT_HOSTS.get(kind or "", "default server"))
+        current = name == current_profile
+        # (a mark on every line: a Notice drops a line's leading spaces)
+        lines.append(f"{'▸' if current else '-'} {name:<{width}}  {kind or 'default provider'} · {model} · {host}"
+                     + ("  (in use)" if current else ""))
+    lines.append(f"/model PROFILE switches to a profile from the next turn. {switch_model}")
+    return "\n".join(lines)
 
 
 def mcp_summary(servers: Any) -> str:

@@ -29,6 +29,9 @@ class TableLook(msgspec.Struct):
 
     widths: list[int]
     show_header: bool = True
+    # the smallest width of each column (its longest word, as written): whether the table fits at a width or is drawn
+    # one record per row (`answer_markdown`) is decided from these, so every piece of the table decides alike
+    min_widths: list[int] = msgspec.field(default_factory=list)
 
 
 class Piece(msgspec.Struct):
@@ -49,6 +52,10 @@ def _cells(line: str) -> list[str]:
     if line.endswith("|") and not line.endswith("\\|"):
         line = line[:-1]
     return [cell.strip() for cell in re.split(r"(?<!\\)\|", line)]
+
+
+def _longest_word(cell: str) -> int:
+    return max((len(word) for word in cell.split()), default=0)
 
 
 class Sealer:
@@ -170,12 +177,17 @@ class Sealer:
                 for row in rows:
                     for index, cell in enumerate(_cells(row)[: len(widths)]):
                         widths[index] = max(widths[index], len(cell))
-                self._table_look = TableLook([min(MAX_COLUMN, max(3, w + max(2, w // 2))) for w in widths])
+                least = [_longest_word(c) for c in _cells(header)]
+                for row in rows:
+                    for index, cell in enumerate(_cells(row)[: len(least)]):
+                        least[index] = max(least[index], _longest_word(cell))
+                self._table_look = TableLook([min(MAX_COLUMN, max(3, w + max(2, w // 2))) for w in widths],
+                                             min_widths=least)
                 piece.last_table = self._table_look
             else:
-                piece.last_table = TableLook(self._table_look.widths, show_header=False)
+                piece.last_table = TableLook(self._table_look.widths, False, self._table_look.min_widths)
             prefix = f"{header}\n{delimiter}\n"
-            first_table = TableLook(self._table_look.widths, show_header=False)
+            first_table = TableLook(self._table_look.widths, False, self._table_look.min_widths)
         self.gap = kind == "gap"
         self.prefix, self.body, self.first_table = prefix, rest, first_table
         self._scanned -= at

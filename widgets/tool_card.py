@@ -5,6 +5,12 @@ width the card has, so at 80 columns a running side effect still says `⟳ runni
 outcomes look different: NOT_STARTED (safe to retry) in the accent colour, OUTCOME_UNKNOWN (verify first) in a heavy
 error-coloured border, each with its word.
 
+Every card shows a safety class, whatever its outcome (SPEC §11 rev 4). A call that never got its `tool/call`
+(NOT_STARTED, denied, aborted before dispatch, cut off) has none recorded: a built-in tool's class is known by its name
+(`BUILTIN_SAFETY`, without importing the tool registry, which the TUI loads after its first frame); any other tool's is
+the class its earlier calls in the session recorded (the transcript looks them up), else the card says `safety
+unknown` in words rather than a bare `?`.
+
 Name, arguments and output come from the model and the tools: they are made terminal-safe (`safe_text`) and given to
 widgets as `Text` or with markup off, never parsed as markup.
 """
@@ -42,6 +48,21 @@ STATUS_STYLES = {
     "denied": "bold $error",
     "done": "$success",
 }
+SAFETY_CLASSES = ("read_only", "idempotent", "side_effecting")
+# the built-in tools' classes (app/tools/registry.py; tests/test_card_safety.py keeps the two equal): a card drawn from
+# history before the registry is imported still shows them
+BUILTIN_SAFETY = {"list_dir": "read_only", "read_file": "read_only", "search_text": "read_only",
+                  "write_file": "idempotent", "edit_file": "side_effecting", "run_command": "side_effecting"}
+UNKNOWN_SAFETY = "safety unknown"
+
+
+def safety_label(safety: str | None, name: str) -> str:
+    """The safety class a card shows: the recorded one, else a built-in tool's, else `safety unknown`."""
+    if safety and safety != "?":
+        return safety
+    return BUILTIN_SAFETY.get(name, UNKNOWN_SAFETY)
+
+
 SUMMARY_LIMIT = 400  # the title's Text crops the summary to the card's width with an ellipsis
 
 ERROR_STATUS = {
@@ -153,11 +174,19 @@ class ToolCard(Vertical, can_focus=True):
     def _refresh_title(self) -> None:
         title = Content.assemble(
             (STATUS_LABELS.get(self.status, self.status), STATUS_STYLES.get(self.status, "bold")),
-            (f"  [{safe_text(self.safety)}]  ", "dim"),
+            (f"  [{safe_text(self.shown_safety)}]  ", "dim"),
             (safe_text(self.tool_name), "bold"),
             f"({safe_text(summarize_arguments(self.arguments, SUMMARY_LIMIT))})",
         )
         self._title.update(title)
+
+    @property
+    def shown_safety(self) -> str:
+        return safety_label(self.safety, self.tool_name)
+
+    @property
+    def safety_known(self) -> bool:
+        return self.shown_safety != UNKNOWN_SAFETY
 
     def set_safety(self, safety: str) -> None:
         self.safety = safety

@@ -59,7 +59,29 @@ class Notice(Static):
     Notice { margin: 0 0 1 0; padding: 0 1; color: $text-muted; }
     Notice.-error { color: $error; }
     Notice.-warning { color: $warning; }
+    Notice.-superseded { text-style: dim; }
     """
+
+
+class VerdictNotice(Notice):
+    """An operator's verdict in the chat; marked superseded (dimmed, and said) once a later verdict on its call is
+    shown."""
+
+    def __init__(self, verdict: RecoveryVerdict, superseded: bool = False) -> None:
+        super().__init__(verdict_line(verdict, superseded), markup=False, classes="-superseded" if superseded else "")
+        self.verdict = verdict
+
+    def supersede(self) -> None:
+        self.update(verdict_line(self.verdict, superseded=True))
+        self.add_class("-superseded")
+
+
+def verdict_line(event: RecoveryVerdict, superseded: bool = False) -> str:
+    """How an operator's verdict reads in the chat; one a later verdict on the same call supersedes (SPEC §11: the
+    model is told only the newest) says so."""
+    note = f" — {event.note}" if event.note else ""
+    later = "  (superseded by a later verdict)" if superseded else ""
+    return safe_text(f"verdict on {event.call_id}: {event.verdict}{note}{later}")
 
 
 class NewOutput(Static):
@@ -138,6 +160,11 @@ class Transcript(VerticalScroll):
         self.older: list[Widget] = []  # history widgets not mounted yet, oldest first
         self.older_turns: list[list[AnyEvent]] = []  # history turns not even built yet, oldest first
         self._revealing = False
+        # call id -> (seq, notice) of the newest verdict shown on it: an earlier one is marked superseded, in
+        # whichever order they are built (history is built from the tail, older turns later)
+        self._verdicts: dict[str, tuple[int, VerdictNotice]] = {}
+        self._safety_seen: dict[str, str] = {}  # tool name -> the safety its latest applied tool/call recorded
+        self._history: list[AnyEvent] = []  # the events history was loaded from (looked up for a call's safety)
 
     def on_mount(self) -> None:
         self.anchor()
@@ -180,6 +207,7 @@ class Transcript(VerticalScroll):
         HISTORY_SCREENS screenfuls become widgets, and only those are mounted; older widgets wait in `older` (and in
         the hidden pieces of the first answer shown), older turns wait as events in `older_turns` until the view
         nears them. Opening a long session costs its last screenfuls, not its length."""
+        self._history = events
         turns = split_turns(events)
         budget = max(MIN_HISTORY_LINES, HISTORY_SCREENS * (self.size.height or 24))
         first, lines = len(turns), 0
@@ -349,13 +377,22 @@ class Transcript(VerticalScroll):
                 await self._put(card)
             card.set_safety(event.safety)
             card.status = "running"
+            self._safety_seen[event.name] = event.safety
         elif isinstance(event, ToolResult):
             card = self.cards.get(event.call_id)
             if card is not None:
+                if not card.safety_known:  # no tool/call (NOT_STARTED, denied, …): what its other calls recorded
+                    card.set_safety(self._recorded_safety(card.tool_name))
                 card.set_result(event.content, event.error_code)
         elif isinstance(event, RecoveryVerdict):
-            note = f" — {event.note}" if event.note else ""
-            await self._put(Notice(safe_text(f"verdict on {event.call_id}: {event.verdict}{note}"), markup=False))
+            newest = self._verdicts.get(event.call_id)
+            older = newest is not None and newest[0] > event.seq  # an older turn's verdict, built after the newer
+            notice = VerdictNotice(event, superseded=older)
+            if not older:
+                if newest is not None:
+                    newest[1].supersede()
+                self._verdicts[event.call_id] = (event.seq, notice)
+            await self._put(notice)
         elif isinstance(event, TurnEnd):
             await self._finish_answer(None)
             if event.reason != "completed":
@@ -368,6 +405,16 @@ class Transcript(VerticalScroll):
                                    markup=False, classes="-warning"))
         if live and scroll:
             self._content_arrived()
+
+    def _recorded_safety(self, name: str) -> str:
+        """The safety class a `tool/call` of `name` recorded in this session ("?" if none did): the calls applied so
+        far, else the history (built from its tail, so an earlier call may not be applied yet). Asked only for a
+        call without a `tool/call` of its own whose tool is not a built-in one."""
+        found = self._safety_seen.get(name)
+        if found is None:
+            found = next((e.safety for e in reversed(self._history) if isinstance(e, ToolCall) and e.name == name), "?")
+            self._safety_seen[name] = found
+        return found
 
     async def _finish_answer(self, message: AssistantMessage | None) -> None:
         await self._finish_reasoning(message)

@@ -21,13 +21,20 @@ The log keeps exactly what happened; this conversation is normalised so that the
 - nested calls (with `parent_call_id`) stay inside their parent's result, and messages before the first user content
   (a log that starts mid-way) are dropped rather than inventing a prompt;
 - a `context/compaction` replaces everything up to its `through_seq` with its summary (and the recovery facts it
-  carries) as user content; the events after `through_seq` are derived again from the log (`source`) after it.
+  carries) as user content; the events after `through_seq` are derived again from the log (`source`) after it;
+- a later `recovery/verdict` on a call supersedes the earlier one (SPEC §11 rev 4): the model is told only the current
+  verdict, with its note. The earlier verdict's paragraph is taken out of the user message that held it (the verdict
+  carried by a compaction's summary too), so the request carries exactly one recovery paragraph per call. The log
+  keeps every verdict; which ones are superseded is derived from it (`render.superseded_verdicts`), not written:
+  newest wins.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import msgspec
 
 from cairn.persistence.events import (
     AnyEvent,
@@ -61,6 +68,13 @@ EMPTY_RESULT = "(no output)"
 EMPTY_PROMPT = "(empty message)"
 
 
+def verdict_text(event: RecoveryVerdict, shown: str, name: str) -> str:
+    """The recovery paragraph the model is told for an operator's verdict (its note kept with it)."""
+    note = f" Operator's note: {event.note}" if event.note else ""
+    return (f"[Cairn recovery] The operator checked the interrupted call {shown} "
+            f"(`{name}`): {VERDICT_WORDS[event.verdict]}.{note}")
+
+
 def arguments_text(arguments: Any) -> str:
     """What the model gets back as its call's arguments: always a JSON object string."""
     return json.dumps(arguments, ensure_ascii=False) if isinstance(arguments, dict) else "{}"
@@ -92,6 +106,11 @@ class Transcript:
         self._reasoned: list[dict[str, Any]] = []  # this turn's messages carrying reasoning_content
         self._names: dict[str, str] = {}  # log call_id -> tool name, for verdict texts
         self._shown: dict[str, str] = {}  # log call_id -> the id the model saw (latest use)
+        # log call_id -> where its current verdict's paragraph sits (message, its parts, index): a later verdict
+        # takes it out (the model is told only the current verdict)
+        self._verdict_at: dict[str, tuple[dict[str, Any], list[str], int]] = {}
+        # the compaction whose summary is the first user content, and where it sits, while it carries verdicts
+        self._summary: tuple[ContextCompaction, dict[str, Any], list[str], int] | None = None
 
     def add(self, event: AnyEvent) -> None:
         if isinstance(event, ToolResult):
@@ -103,13 +122,7 @@ class Transcript:
         elif isinstance(event, UserMessage):
             self._add_user(event.text)
         elif isinstance(event, RecoveryVerdict):
-            name = self._names.get(event.call_id, "a tool")
-            note = f" Operator's note: {event.note}" if event.note else ""
-            shown = self._shown.get(event.call_id, event.call_id)
-            self._add_user(
-                f"[Cairn recovery] The operator checked the interrupted call {shown} "
-                f"(`{name}`): {VERDICT_WORDS[event.verdict]}.{note}"
-            )
+            self._add_verdict(event)
         elif isinstance(event, RecoveryEvidence):
             name = self._names.get(event.call_id, "a tool")
             shown = self._shown.get(event.call_id, event.call_id)
@@ -141,6 +154,8 @@ class Transcript:
         for fact in event.carried:
             self._names[str(fact.get("call_id"))] = str(fact.get("name") or "a tool")
         self._add_user(summary_text(event))
+        if any(fact.get("verdict") for fact in event.carried):
+            self._summary = (event, self.messages[-1], self._user_parts or [], len(self._user_parts or []) - 1)
         for e in source:
             if event.through_seq < e.seq < event.seq:
                 self.add(e)
@@ -188,7 +203,44 @@ class Transcript:
         self._add_user(f"[Cairn] The operator rewound files to how they were before turn {plan.to_turn}: {listed}. "
                        "Changes made to them from that turn on are undone; read them again before relying on them.")
 
+    def _add_verdict(self, event: RecoveryVerdict) -> None:
+        """The current verdict on a call: an earlier one's paragraph (or the verdict a compaction carried) is taken
+        out of what the model is told, and this one is said where it was recorded."""
+        earlier = self._verdict_at.pop(event.call_id, None)
+        if earlier is not None:
+            message, parts, index = earlier
+            parts[index] = ""
+            self._set_user_content(message, parts)
+        if self._summary is not None:
+            self._drop_carried_verdict(event.call_id)
+        name = self._names.get(event.call_id, "a tool")
+        shown = self._shown.get(event.call_id, event.call_id)
+        self._add_user(verdict_text(event, shown, name))
+        if self._user_parts is not None:
+            self._verdict_at[event.call_id] = (self.messages[-1], self._user_parts, len(self._user_parts) - 1)
+
+    def _drop_carried_verdict(self, call_id: str) -> None:
+        """A verdict after a compaction supersedes the one its summary carried for that call: the summary is said
+        again without it (the call itself stays carried, verbatim)."""
+        assert self._summary is not None
+        compaction, message, parts, index = self._summary
+        if not any(str(f.get("call_id")) == call_id and f.get("verdict") for f in compaction.carried):
+            return
+        from .compaction import summary_text
+
+        carried = [dict(f, verdict=None, note="") if str(f.get("call_id")) == call_id else f
+                   for f in compaction.carried]
+        compaction = msgspec.structs.replace(compaction, carried=carried)
+        self._summary = (compaction, message, parts, index)
+        if 0 <= index < len(parts):
+            parts[index] = summary_text(compaction)
+            self._set_user_content(message, parts)
+
     # -- messages ---------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _set_user_content(message: dict[str, Any], parts: list[str]) -> None:
+        message["content"] = "\n\n".join(part for part in parts if part) or EMPTY_PROMPT
 
     def _append(self, message: dict[str, Any]) -> None:
         self._user_parts = None
@@ -201,7 +253,7 @@ class Transcript:
             self._user_parts = []
         if text:
             self._user_parts.append(text)
-        self.messages[-1]["content"] = "\n\n".join(self._user_parts) or EMPTY_PROMPT
+        self._set_user_content(self.messages[-1], self._user_parts)
 
     def _add_answer(self, event: AssistantMessage) -> None:
         self._close_answer()

@@ -31,7 +31,7 @@ from cairn.persistence.events import (
 from cairn.widgets.terminal_text import safe_json, safe_text
 
 from ..exit_codes import EXIT_LOCKED, EXIT_OK, exit_code_for, fail
-from ..render import fence, format_time, summarize_arguments
+from ..render import fence, format_time, summarize_arguments, superseded_verdicts
 
 RECOVERY_WORDS = {TOOL_OUTCOME_UNKNOWN: "OUTCOME_UNKNOWN", TOOL_NOT_STARTED: "NOT_STARTED"}
 
@@ -81,6 +81,7 @@ def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> 
     calls: dict[int, ToolCall] = {}
     evidence = {e.call_id: e for e in events if isinstance(e, RecoveryEvidence)}  # written after the turn's end
     decided: dict[str, str] = {}  # call id -> the decision that let it run (or not), as shown
+    superseded = superseded_verdicts(events)  # SPEC §11: a later verdict on a call supersedes the earlier one
     for i, e in enumerate(events):
         if isinstance(e, TurnStart):
             lines += ["", f"## Turn {e.turn}"]
@@ -107,7 +108,8 @@ def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> 
                 lines += ["", f"**Evidence** on `{e.call_id}` (Cairn checked): {found.finding} — {found.detail}"]
         elif isinstance(e, RecoveryVerdict):
             note = f" — {e.note}" if e.note else ""
-            lines += ["", f"**Operator verdict** on `{e.call_id}`: {e.verdict}{note}"]
+            later = f" _(superseded by the verdict at seq {superseded[e.seq]})_" if e.seq in superseded else ""
+            lines += ["", f"**Operator verdict** on `{e.call_id}`: {e.verdict}{note}{later}"]
         elif isinstance(e, ConversationRewind):
             restored = f"; files restored: {', '.join(e.files)}" if e.files else ""
             lines += ["", f"_Rewound here: the conversation continues from before turn {e.to_turn}{restored}._"]

@@ -55,7 +55,7 @@ from cairn.persistence.events import (
 )
 from cairn.persistence.repair import repair_interrupted_turn
 
-from ..render import first_line, format_usage, result_status, summarize_arguments
+from ..render import first_line, format_usage, result_status, summarize_arguments, superseded_verdicts
 
 RECOVERED_CODES = (TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN)
 KINDS = ("boundary", "prompt", "request", "tool", "result", "error", "recovery", "other")
@@ -283,6 +283,8 @@ class InspectorModel:
         self.repair_blocks: list[tuple[int, int]] = []  # [start, end) of events repair wrote (or would write)
         self._evidence: dict[str, RecoveryEvidence] = {}
         self._evidence_seen = -1  # len(events) when _evidence was built (rebuilt lazily, only for recovered rows)
+        self._superseded: dict[int, int] = {}  # seq of a verdict a later one on its call supersedes -> that one's seq
+        self._superseded_seen = -1  # len(events) when _superseded was built (lazily, only for verdict rows)
         self._scan(0)
 
     @classmethod
@@ -445,7 +447,18 @@ class InspectorModel:
             found = self.evidence_for(e.call_id)  # type: ignore[union-attr]
             if found is not None:
                 text += f" · evidence: {found.finding}"
+        elif type(e) is RecoveryVerdict:  # SPEC §11: a later verdict on the call supersedes this one
+            later = self.superseded_by(e.seq)
+            if later is not None:
+                text += f" · superseded by seq {later}"
         return text
+
+    def superseded_by(self, seq: int) -> int | None:
+        """The seq of the verdict that supersedes the verdict at `seq` (a later one on the same call), if any."""
+        if self._superseded_seen != len(self.events):
+            self._superseded = superseded_verdicts(self.events)
+            self._superseded_seen = len(self.events)
+        return self._superseded.get(seq)
 
     def evidence_for(self, call_id: str) -> RecoveryEvidence | None:
         """The latest evidence recorded (or that repair would record) about `call_id`."""
