@@ -2,9 +2,9 @@
 session is a one-line error, not a broken screen. Choosing another session in the sessions screen ends this app after
 an ordered shutdown; the CLI then starts it again on the chosen session.
 
-The app also routes keys away from an approval modal that is not ready to take a decision (type-ahead; see
-`screens/approval.py`), offers the slash commands in the command palette (Ctrl+P) beside Textual's own (themes among
-them), and remembers the theme chosen in `CAIRN_HOME/tui.json`.
+The app also hands every key to the chat's key router first, so that a dialog Cairn raised while the operator was
+typing never takes a decision from it (SPEC §11; see `screens/typeahead.py`), offers the slash commands in the command
+palette (Ctrl+P) beside Textual's own (themes among them), and remembers the theme chosen in `CAIRN_HOME/tui.json`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,6 @@ from textual.screen import Screen
 from cairn.persistence.locks import ensure_private_dir
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import OpenedSession, SessionStore
-from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.terminal_text import safe_text
 
 from . import quiet_gc
@@ -142,15 +140,11 @@ class CairnApp(App["SessionChoice | None"]):
             self.push_screen(SessionsScreen(self.store), self._chosen)
 
     async def on_event(self, event: events.Event) -> None:
-        """Keys for an approval modal that belong to typing go to the prompt instead (Ctrl+Q still quits)."""
-        if isinstance(event, events.Key) and not event.is_forwarded and event.key != "ctrl+q":
-            modal = self.screen
-            approval = sys.modules.get("cairn.app.screens.approval")  # (imported with the agent stack)
-            if approval is not None and isinstance(modal, approval.ApprovalModal) and modal.diverts(event.key,
-                                                                                                 event.time):
-                if self.chat is not None:
-                    self.chat.query_one(PromptInput).take_typed(event.key, event.character)
-                return
+        """Input first to the chat's key router (`screens/typeahead.py`): a dialog Cairn raised while the operator was
+        typing leaves the keys in the prompt until Tab (Ctrl+Q still quits)."""
+        if (isinstance(event, (events.Key, events.MouseDown, events.MouseUp, events.Paste)) and not event.is_forwarded
+                and self.chat is not None and self.chat.keys.route(self.screen, event)):
+            return
         await super().on_event(event)
 
     async def run_slash(self, name: str) -> None:

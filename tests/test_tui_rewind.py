@@ -307,15 +307,18 @@ def test_accept_evidence_key_records_a_durable_verdict(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume")
             assert screen.calls[0].evidence == "happened"
-            await pilot.press("h", "e", "l", "l", "o")  # typing meant for the prompt decides nothing
-            await pilot.pause(0.6)
+            await pilot.press("h", "e", "l", "l", "o")  # typing meant for the prompt decides nothing (SPEC §11):
+            await wait_for(pilot, lambda: app.chat.query_one(PromptInput).text == "hello", "it lands in the prompt")
+            assert screen.held  # `h` is none of the screen's keys: the keys stay with the prompt until Tab
             assert not screen.calls[0].verdict
             assert not any(isinstance(e, RecoveryVerdict) for e in world.log("crashed-id"))
+            await pilot.press("tab")
             await pilot.press("e", "x", "i", "t", "y")  # a word that starts with e (and holds a y) decides nothing
-            await pilot.pause(0.6)
-            assert not screen.calls[0].verdict
+            question = await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "asked")
+            await wait_for(pilot, lambda: app.chat.query_one(PromptInput).text == "helloxity", "xity in the prompt")
+            assert question.held and not screen.calls[0].verdict
             assert not any(isinstance(e, RecoveryVerdict) for e in world.log("crashed-id"))
-            await pilot.press("n")  # the question it opened: not now
+            await pilot.press("tab", "n")  # the question it opened: not now
             await wait_for(pilot, lambda: app.screen is screen, "the resume screen again")
             await pilot.pause(0.6)
             await pilot.press("e")  # on its own: asked once more, then yes

@@ -113,10 +113,12 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
             if opened is not None and time.monotonic() - opened > 2.0:
                 break
         assert opened is not None and time.monotonic() - opened > 2.0, "the modal did not open while typing"
-        tmux.wait_screen("first", "Allow run_command?", "Choose with a key")
+        tmux.wait_screen("first", "Allow run_command?", "Tab to decide")  # it waits for the operator (SPEC §11)
         assert marker.read_text() == ""  # nothing typed decided it
         assert typed.split()[-1] in tmux.screen("first")  # the typing is in the prompt behind the modal
-        tmux("send-keys", "-t", "first", "a")  # a deliberate key once the typing stopped
+        tmux("send-keys", "-t", "first", "Tab")  # the operator moves to the dialog on purpose
+        tmux.wait_screen("first", "Allow run_command?", "Choose with a key")
+        tmux("send-keys", "-t", "first", "a")  # a deliberate key
 
         started = wait_sync(lambda: re.fullmatch(r"started (\d+)\n", marker.read_text()), "the command to start",
                             WAIT)
@@ -194,8 +196,7 @@ def test_closing_the_terminal_mid_command_ends_the_turn_in_order_and_leaves_no_p
         pid = tmux.start("term", ws, f"{CAIRN} --provider script --script {script}")
         tmux.wait_screen("term", "New session")
         tmux("send-keys", "-t", "term", "deploy it", "Enter")
-        tmux.wait_screen("term", "Allow run_command?", "Choose with a key")
-        time.sleep(0.6)  # past the type-ahead window: a deliberate key
+        tmux.wait_screen("term", "Allow run_command?", "Choose with a key")  # opened on an idle prompt: keys at once
         tmux("send-keys", "-t", "term", "a")
         started = wait_sync(lambda: re.fullmatch(r"started (\d+)\n", marker.read_text()), "the command to start", WAIT)
         command_pid = int(started.group(1))

@@ -176,7 +176,7 @@ def ended_turns(events: list[AnyEvent]) -> list[TurnEnd]:
 
 
 async def approval_ready(pilot: Any, app: Any, timeout: float = 10.0) -> Any:
-    """The approval modal, once it takes a decision: keys within its first 0.4 s (type-ahead) go to the prompt."""
+    """The approval modal, once it takes a decision (opened while the operator typed, it waits for Tab: SPEC §11)."""
     from cairn.app.screens.approval import ApprovalModal
 
     modal = await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal) and app.screen, "the approval modal",

@@ -4,8 +4,8 @@
 line walks forward and finally back to the draft that was there before. A queued prompt is edited where it stands:
 Enter puts the text back in its place in the queue, Ctrl+R (or Enter on an emptied box) removes it, Esc leaves it as it
 was; while one is open the screen holds the queue, so the version being edited is never sent behind your back.
-`take_typed` replays keys that the approval modal refused to take as a decision, so type-ahead lands here, in order,
-as if the modal had not been there.
+`take_typed` replays the keys a dialog Cairn raised while the operator was typing did not take (SPEC §11,
+`app/screens/typeahead.py`), so type-ahead lands here, in order, as if the dialog had not been there.
 """
 
 from __future__ import annotations
@@ -49,18 +49,23 @@ class PromptInput(TextArea):
         self.queue_at: int | None = None  # index into the queue of the prompt open for editing
         self._draft = ""
         self.completion = ""  # what Tab completes a `/word` to (set by the screen's completion popup)
+        # the own time of the last Enter that sent a prompt: the keys up to it were that prompt, not typing (SPEC §11)
+        self.sent_at: float | None = None
 
     def set_text(self, text: str) -> None:
         self.text = text
         self.move_cursor(self.document.end)
 
-    def _submit(self) -> None:
+    def _submit(self, at: float | None = None) -> None:
+        """Enter: send the prompt (`at`: the Enter's own time), put a queued one back, or send the queue on."""
         text = self.text.strip()
         if self.queue_at is not None:
             self._put_back(text or None)
             return
         if text:
             self._browsing = None
+            if at is not None:
+                self.sent_at = at
             self.post_message(self.Submitted(text))
             self.clear()
         elif self.queue:
@@ -129,7 +134,7 @@ class PromptInput(TextArea):
         if key == "enter":
             event.stop()
             event.prevent_default()
-            self._submit()
+            self._submit(event.time)
             return
         if key in ("ctrl+j", "alt+enter"):
             event.stop()
@@ -172,18 +177,25 @@ class PromptInput(TextArea):
             return
         await super()._on_key(event)
 
-    def take_typed(self, key: str, character: str | None) -> None:
-        """Apply one key the approval modal passed back: text, Backspace, Enter (send), Ctrl+J, cursor left/right.
-        Other keys (Esc, function keys) are dropped: they were never going to decide the modal either."""
+    def take_typed(self, key: str, character: str | None, at: float | None = None) -> None:
+        """Apply one key a dialog passed back: text, Backspace/Delete, Enter (send), Ctrl+J, the cursor keys of a line.
+        Other keys (Esc, function keys, ↑↓) are dropped: they were never going to decide the dialog either. `at`: the
+        key's own time."""
         if key == "enter":
-            self._submit()
+            self._submit(at)
         elif key in ("ctrl+j", "alt+enter"):
             self.insert("\n")
         elif key == "backspace":
             self.action_delete_left()
+        elif key == "delete":
+            self.action_delete_right()
         elif key == "left":
             self.action_cursor_left()
         elif key == "right":
             self.action_cursor_right()
+        elif key == "home":
+            self.action_cursor_line_start()
+        elif key == "end":
+            self.action_cursor_line_end()
         elif character is not None and character.isprintable():
             self.insert(character)

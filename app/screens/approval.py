@@ -1,18 +1,17 @@
 """Approval modal for side-effecting and idempotent tools: allow once / for this session (the whole tool, or for
 `run_command` only commands starting with the same word) / deny / deny with a note the model receives.
 
-Type-ahead never decides it. Someone typing their next prompt when the modal pops up would otherwise answer it with
-whatever letter came next (it happened: an `s` granted every later command). So keys within OPEN_GRACE of the modal
-opening, and every key of a typing burst that began then (keys under TYPING_GAP apart, however long it goes on), and any
-key that is not one of the modal's own, go back to the prompt in order (the app routes them, see `CairnApp.on_event`);
-only a deliberate key after the typing stopped decides. A mouse click on a choice is held to the same rule: one pressed
-within OPEN_GRACE of the opening or during a typing burst is dropped (the modal says so) and decides nothing. The preview (`app/agent/previews.py`) scrolls on its own while the
-choices stay on screen whatever its length.
+No keystroke typed as text decides it (SPEC §11 rev 4, `screens/typeahead.py`): Cairn opens it by itself, so if the
+operator was typing when it appeared (a key other than the Enter that sent the prompt within 1.5 s, by the key's own
+time, or a non-empty prompt) every key goes on to the prompt, in order, until the operator moves to the dialog with Tab
+(the dialog says "typing… Tab to decide"); opened on an idle, empty prompt it takes keys at once. Once it has the keys,
+Tab changes nothing, and a letter that is none of its choices is typing again (back to the prompt until the next Tab).
+A click on a choice while it waits for Tab only moves to it. Letters typed into the note are the note's. The preview
+(`app/agent/previews.py`) scrolls on its own while the choices stay on screen whatever its length.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from rich.text import Text
 from textual.markup import escape
 from textual.message import Message
 from textual.reactive import reactive
-from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
 
@@ -33,13 +31,13 @@ from cairn.widgets.terminal_text import safe_text
 
 from ..agent.approval import ApprovalAnswer, ApprovalRequest, first_word
 from ..agent.previews import preview_parts, render_parts
+from .typeahead import Dialog, Typist
 
-OPEN_GRACE = 0.4  # seconds after the modal opens during which no key decides it
-TYPING_GAP = 0.3  # keys closer together than this are one typing burst
-
-# the keys the modal answers once armed; anything else is typing and goes to the prompt
+# the keys the modal answers once it has the keys; any other printable key is typing and goes to the prompt
 MODAL_KEYS = frozenset({"a", "s", "p", "d", "n", "escape", "enter", "up", "down", "left", "right", "pageup", "pagedown",
-                        "home", "end", "tab", "shift+tab", "ctrl+home", "ctrl+end"})
+                        "home", "end", "ctrl+home", "ctrl+end"})
+CHOOSE_TEXT = "Choose with a key, or ←→ and Enter · PgUp/PgDn scroll the preview"
+NOTE_TEXT = "Type the note · Enter denies with it · Esc goes back to the choices"
 
 
 @dataclass(frozen=True)
@@ -51,10 +49,9 @@ class Choice:
 
 
 class Choices(Widget, can_focus=True):
-    """The modal's choices on one line at the bottom (so the preview keeps the height): ←→ (or Tab) move the
-    highlight, Enter takes it, a letter takes its choice. Nothing is highlighted at first, so Enter decides only what
-    was chosen. A click counts only when the modal would take a key at the moment the button went down and at the
-    moment it came up (a press begun in the grace period or mid-typing is no decision)."""
+    """The modal's choices on one line at the bottom (so the preview keeps the height): ←→ move the highlight, Enter
+    takes it, a letter takes its choice. Nothing is highlighted at first, so Enter decides only what was chosen. A click
+    reaches it only once the modal has the keys (`typeahead.Dialog.route` takes it before, and it decides nothing)."""
 
     DEFAULT_CSS = """
     Choices { height: auto; width: 1fr; }
@@ -83,7 +80,6 @@ class Choices(Widget, can_focus=True):
     def __init__(self, *choices: Choice, id: str | None = None) -> None:
         super().__init__(id=id)
         self.choices = list(choices)
-        self._pressed_at: float | None = None
 
     @property
     def option_count(self) -> int:
@@ -140,15 +136,8 @@ class Choices(Widget, can_focus=True):
     def watch_highlighted(self) -> None:
         self.refresh()
 
-    def _on_mouse_down(self, event: events.MouseDown) -> None:
-        self._pressed_at = event.time
-
     def _on_click(self, event: events.Click) -> None:
-        pressed_at, self._pressed_at = self._pressed_at, None
         event.stop()
-        modal = self.screen
-        if isinstance(modal, ApprovalModal) and not modal.takes_click(pressed_at, event.time):
-            return
         x = event.x - (self.content_region.x - self.region.x)
         for index, (start, end) in enumerate(self.spans()):
             if start <= x < end and event.y == 0:
@@ -157,9 +146,10 @@ class Choices(Widget, can_focus=True):
                 return
 
 
-class ApprovalModal(ModalScreen[ApprovalAnswer]):
+class ApprovalModal(Dialog[ApprovalAnswer]):
     """Returns an ApprovalAnswer (allowed_once, allowed_session, allowed_prefix with its command prefix, denied with an
-    optional note, or cancelled when the turn is cancelled under it)."""
+    optional note, or cancelled when the turn is cancelled under it). `typist` is the chat's prompt (the keys typed
+    while it waits for Tab go there); without one it takes keys at once."""
 
     DEFAULT_CSS = """
     ApprovalModal { align: center middle; }
@@ -170,7 +160,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
     ApprovalModal #choices { margin-top: 1; }
     ApprovalModal #note { display: none; }
     ApprovalModal #note.-visible { display: block; }
-    ApprovalModal #guard { color: $text-muted; height: 1; }
+    ApprovalModal #guard { height: 1; }
     """
 
     BINDINGS = [
@@ -184,14 +174,11 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
         Binding("pagedown", "scroll_preview(1)", "Scroll", show=False, priority=True),
     ]
 
-    def __init__(self, request: ApprovalRequest, workspace: Path | str = ".") -> None:
-        super().__init__()
+    def __init__(self, request: ApprovalRequest, workspace: Path | str = ".", typist: Typist | None = None) -> None:
+        super().__init__(typist=typist)
         self.request = request
         self.workspace = Path(workspace)
         self.prefix = first_word(request.arguments.get("command")) if request.name == "run_command" else ""
-        self.opened_at = time.monotonic()
-        self._last_diverted: float | None = None
-        self._click_refused_at: float | None = None
 
     def compose(self) -> ComposeResult:
         r = self.request
@@ -202,8 +189,9 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
             with VerticalScroll(id="preview"):
                 yield Static(render_parts(preview_parts(r.name, r.arguments, self.workspace)), id="arguments")
             yield Choices(*self._options(), id="choices")
-            yield Input(placeholder="why not? (the model is told; Enter sends, Esc goes back)", id="note")
-            yield Static("", id="guard", markup=False)
+            yield Input(placeholder="why not? (the model is told; Enter sends, Esc goes back)", id="note",
+                        select_on_focus=False)
+            yield self.guard_line()
         yield QuietFooter()
 
     def _options(self) -> list[Choice]:
@@ -218,8 +206,6 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
 
     def on_mount(self) -> None:
         self.query_one("#choices", Choices).focus()  # nothing highlighted: Enter decides only what was chosen
-        self._show_guard()
-        self.set_interval(0.1, self._show_guard)
         self._fit_preview()
 
     def on_resize(self) -> None:
@@ -235,46 +221,22 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
         limit = int(self.size.height * 0.92) if self.size.height else 20
         self.query_one("#preview").styles.max_height = max(3, limit - fixed)
 
-    # -- the type-ahead guard ---------------------------------------------------------------------------------------
+    # -- the type-ahead guard (`typeahead.Dialog`) ------------------------------------------------------------------
 
-    def diverts(self, key: str, at: float) -> bool:
-        """Whether the key pressed at `at` (monotonic seconds) belongs to typing and must go to the prompt."""
-        if self.query_one("#note", Input).has_focus:
-            return False  # typing the note is typing for the modal
-        in_burst = self._last_diverted is not None and at - self._last_diverted < TYPING_GAP
-        if at - self.opened_at < OPEN_GRACE or in_burst or key not in MODAL_KEYS:
-            self._last_diverted = at
-            return True
-        return False
+    def dialog_keys(self) -> frozenset[str]:
+        return MODAL_KEYS if self.prefix else MODAL_KEYS - {"p"}
 
-    def armed_at(self, at: float) -> bool:
-        """Whether a deliberate choice could be made at `at`: past the grace period and not inside a typing burst."""
-        return at - self.opened_at >= OPEN_GRACE and (
-            self._last_diverted is None or at - self._last_diverted >= TYPING_GAP)
+    def keys_text(self) -> str:
+        return NOTE_TEXT if self.query_one("#note", Input).has_focus else CHOOSE_TEXT
+
+    def keys_taken(self) -> None:
+        if not self.query_one("#note", Input).has_focus:
+            self.query_one("#choices", Choices).focus()
 
     @property
     def armed(self) -> bool:
-        return self.armed_at(time.monotonic())
-
-    def takes_click(self, pressed_at: float | None, released_at: float) -> bool:
-        """A click decides only if both its press and its release came while the modal was armed."""
-        if self.armed_at(released_at) and (pressed_at is None or self.armed_at(pressed_at)):
-            return True
-        self._click_refused_at = released_at
-        self._show_guard()
-        return False
-
-    def _show_guard(self) -> None:
-        refused = self._click_refused_at is not None and time.monotonic() - self._click_refused_at < 2.0
-        if refused and self.armed:
-            text = "That click came too soon to count: click again (or press a key) to choose"
-        elif self.armed:
-            text = "Choose with a key, or ←→ and Enter · PgUp/PgDn scroll the preview"
-        else:
-            text = "Your typing goes to the prompt; choose once you stop typing"
-        guard = self.query_one("#guard", Static)
-        if str(guard.render()) != text:
-            guard.update(text)
+        """Whether a key pressed now decides (the dialog has the keys)."""
+        return self.takes_keys
 
     # -- deciding ---------------------------------------------------------------------------------------------------
 
@@ -286,7 +248,7 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
             self.action_decide(event.choice.id)
 
     def action_decide(self, choice: str) -> None:
-        if self.query_one("#note", Input).has_focus:
+        if self.query_one("#note", Input).has_focus or not self.takes_keys:
             return
         if choice == "allowed_prefix":
             if self.prefix:
@@ -295,25 +257,28 @@ class ApprovalModal(ModalScreen[ApprovalAnswer]):
         self.dismiss(ApprovalAnswer(choice))  # type: ignore[arg-type]
 
     def action_note(self) -> None:
+        if not self.takes_keys:
+            return
         note = self.query_one("#note", Input)
         note.add_class("-visible")
         self._fit_preview()
         note.focus()
+        self.call_after_refresh(self.show_guard)
 
     @on(Input.Submitted, "#note")
     def deny_with_note(self, event: Input.Submitted) -> None:
         self.dismiss(ApprovalAnswer("denied", note=event.value.strip()))
 
-    def on_key(self, event: object) -> None:
+    def on_key(self, event: events.Key) -> None:
         """Esc in the note field goes back to the choices rather than denying without the note."""
-        key = getattr(event, "key", "")
         note = self.query_one("#note", Input)
-        if key == "escape" and note.has_focus:
-            getattr(event, "stop")()
-            getattr(event, "prevent_default")()
+        if event.key == "escape" and note.has_focus:
+            event.stop()
+            event.prevent_default()
             note.remove_class("-visible")
             self._fit_preview()
             self.query_one("#choices", Choices).focus()
+            self.call_after_refresh(self.show_guard)
 
     def action_scroll_preview(self, direction: int) -> None:
         preview = self.query_one("#preview", VerticalScroll)

@@ -18,6 +18,7 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widget import MountError
 from textual.widgets import OptionList, Static
@@ -47,6 +48,7 @@ from cairn.widgets.transcript import Notice, Transcript
 from .. import quiet_gc, slash_commands
 from ..config.resolver import RESUMED_WORKSPACE, Config
 from ..history import PromptHistory, history_path
+from .typeahead import Dialog, KeyRouter
 
 if TYPE_CHECKING:  # the agent stack (loop, tools, providers, MCP) is imported after the first frame (P8)
     from ..agent.approval import ApprovalAnswer, ApprovalRequest
@@ -168,6 +170,8 @@ class ChatScreen(Screen[None]):
         self._blobs: Any = None
         secrets = tuple(x for x in (config.api_key,) if x)
         self.history = PromptHistory(history_path(config.home, config.workspace), secrets)
+        # the app hands it every key first: a dialog Cairn raises while the operator types waits for Tab (SPEC §11)
+        self.keys = KeyRouter(self, lambda: next(iter(self.query(PromptInput)), None) if self.is_attached else None)
 
     def compose(self) -> ComposeResult:
         transcript = Transcript(safety_of=builtin_safety_if_loaded, id="transcript")
@@ -212,7 +216,7 @@ class ChatScreen(Screen[None]):
             calls, first_prompt, text = recovered_from(self.session.events)
         if calls:
             self.resume_pending = True
-            self.app.push_screen(self._resume_screen(calls, first_prompt, text), self._resumed)
+            self.app.push_screen(self._resume_screen(calls, first_prompt, text, raised=True), self._resumed)
         else:
             if self.session.repaired:
                 await transcript.mount(Notice("This session was interrupted; no tool call was in flight, so nothing "
@@ -252,12 +256,14 @@ class ChatScreen(Screen[None]):
 
         return f" @{urlsplit(now).netloc}"
 
-    def _resume_screen(self, calls: Any, prompt: str, text: str) -> Screen[Any]:
+    def _resume_screen(self, calls: Any, prompt: str, text: str, raised: bool = False) -> Screen[Any]:
+        """`raised`: Cairn opens it by itself (a session reopened with calls to review), so keys typed meanwhile wait
+        in the prompt until Tab; from `/verdict` it takes keys at once."""
         from .resume import ResumeScreen, ended_by_cancel
 
         return ResumeScreen(self.session.id, calls, prompt, text, workspace=self.config.workspace,
                             elsewhere=self.works_elsewhere, cancelled=ended_by_cancel(self.session.events),
-                            save_verdict=self._save_verdict)
+                            save_verdict=self._save_verdict, typist=self.keys, raised=raised)
 
     async def _save_verdict(self, call_id: str, verdict: str, note: str) -> None:
         """An operator's verdict, durable before its dialog closes (SPEC §2 rev 3); raises CheckpointFailed."""
@@ -340,6 +346,17 @@ class ChatScreen(Screen[None]):
             self._blobs = blob_store_for(self.app.store.backend)  # type: ignore[attr-defined]
         return self._blobs
 
+    def _toast(self, text: str, *, severity: SeverityLevel = "information", timeout: float | None = None,
+               title: str = "") -> None:
+        """A toast, or, while a dialog is up, a line in the transcript instead: nothing covers a dialog's choices (a
+        toast over the approval hid its last line at 80×24). The dialog hides toasts already shown; they come back
+        when it closes."""
+        if isinstance(self.app.screen, Dialog):
+            kind = {"error": "-error", "warning": "-warning"}.get(severity, "")
+            self.run_worker(self._say(f"{title}: {text}" if title else text, kind), exit_on_error=False)
+            return
+        self.notify(text, title=title, severity=severity, timeout=timeout, markup=False)
+
     async def _say(self, text: str, kind: str = "") -> None:
         transcript = self.query_one(Transcript)
         await transcript.mount(Notice(safe_text(text), markup=False, classes=kind))
@@ -364,7 +381,7 @@ class ChatScreen(Screen[None]):
         def settled(how: str | None) -> None:
             self.run_worker(self._settle(how or "abandon"), name="rewind", exclusive=True, group="rewind")
 
-        self.app.push_screen(PendingRewindScreen(*pending), settled)
+        self.app.push_screen(PendingRewindScreen(*pending, typist=self.keys), settled)
 
     async def _settle(self, how: str) -> None:
         from ..agent.rewind import RewindRefused, abandon_rewind, describe, finish_rewind
@@ -408,7 +425,7 @@ class ChatScreen(Screen[None]):
             self.run_worker(self._rewind(choice), name="rewind", exclusive=True, group="rewind")
 
         self.app.push_screen(RewindScreen(self.session.events, self.config.workspace, self._blob_store(),
-                                          self._snapshots()), chosen)
+                                          self._snapshots(), typist=self.keys), chosen)
 
     async def _rewind(self, choice: Any) -> None:
         from ..agent.rewind import RewindRefused, describe, rewind, undo_rewind
@@ -436,7 +453,7 @@ class ChatScreen(Screen[None]):
                 question = ("Changed outside Cairn since Cairn last wrote it: " + ", ".join(e.changed)
                             + f". Restoring to before turn {choice.to_turn} overwrites what is there now. Overwrite?")
                 if await self.app.push_screen_wait(ConfirmDialog(safe_text(question), yes="Overwrite",
-                                                                 no="Leave it (rewind nothing)")):
+                                                                 no="Leave it (rewind nothing)", typist=self.keys)):
                     await self._rewind(replace(choice, force=True))
                 else:
                     await self._say("Nothing was rewound: " + ", ".join(e.changed) + " changed outside Cairn.",
@@ -528,8 +545,7 @@ class ChatScreen(Screen[None]):
         if message.state == "failed":
             if not self._failure_shown:  # one toast per run of failures, so the red status bar stays readable
                 self._failure_shown = True
-                self.notify(safe_text(str(message.error)), title="Checkpoint failed", severity="error", timeout=8,
-                            markup=False)
+                self._toast(safe_text(str(message.error)), title="Checkpoint failed", severity="error", timeout=8)
         elif message.state == "durable":
             self._failure_shown = False
 
@@ -552,7 +568,7 @@ class ChatScreen(Screen[None]):
         """The policy's channel for failures it contains (a turn-end barrier that did not make it)."""
         if not self.is_attached:
             return
-        self.notify(safe_text(text), severity="error", timeout=8, markup=False)
+        self._toast(safe_text(text), severity="error", timeout=8)
         self.query_one(StatusBar).failed = True
 
     def _turn_finished(self, result: TurnResult) -> None:
@@ -561,8 +577,8 @@ class ChatScreen(Screen[None]):
         self._sending = False
         self._send_next()
         if getattr(result, "reason", "") == "error" and self.is_attached:
-            self.notify("The turn ended in an error: ↑ in the prompt brings your prompt back to send it again.",
-                        severity="warning", timeout=8, markup=False)
+            self._toast("The turn ended in an error: ↑ in the prompt brings your prompt back to send it again.",
+                        severity="warning", timeout=8)
         self._refresh_activity()
 
     def _send_next(self) -> None:
@@ -651,18 +667,19 @@ class ChatScreen(Screen[None]):
             await self.run_slash(*command)
             return
         if self.resume_pending:
-            self.notify("Review the recovered calls first.", severity="warning")
+            self.history.add(message.text)
+            self._toast("Review the recovered calls first (↑ brings your prompt back).", severity="warning")
             return
         if self.rewinding:
-            self.notify("A rewind is being settled: the prompt is sent after it (↑ brings it back).",
-                        severity="warning", markup=False)
+            self._toast("A rewind is being settled: the prompt is sent after it (↑ brings it back).",
+                        severity="warning")
             self.history.add(message.text)
             return
         unavailable = getattr(self.provider, "unavailable", None)
         if unavailable:  # the session opened without a usable provider: say what continuing needs, send nothing
             self.history.add(message.text)
-            self.notify(safe_text(f"Cannot continue this session here: {unavailable} (↑ brings your prompt back)"),
-                        severity="error", timeout=12, markup=False)
+            self._toast(safe_text(f"Cannot continue this session here: {unavailable} (↑ brings your prompt back)"),
+                        severity="error", timeout=12)
             return
         text = message.text[1:] if message.text.startswith("//") else message.text
         self.history.add(text)
@@ -772,9 +789,10 @@ class ChatScreen(Screen[None]):
                 self.provider.model = argument
                 self._refresh_provider()
                 await say(f"From the next request on, the model is {argument} ({self.provider.name}).")
-            else:
-                await say(f"Provider {self.provider.name}, model {self.provider.model}. "
-                          "/model NAME uses another model of this provider from the next request.")
+            else:  # the profiles, the one in use marked, and how to switch
+                from ..slash_commands import model_listing
+
+                await say(model_listing(self.config, self.provider, loop.profile if loop else self.config.profile))
         elif name == "permissions":
             await say(self._permissions(argument))
             self._refresh_activity()
@@ -875,7 +893,7 @@ class ChatScreen(Screen[None]):
                 future.set_result(answer or ApprovalAnswer("denied"))
             self._refresh_activity()  # a session grant shows in the status bar
 
-        modal = ApprovalModal(request, self.config.workspace)
+        modal = ApprovalModal(request, self.config.workspace, typist=self.keys)
         self.app.push_screen(modal, decided)
         try:
             return await future

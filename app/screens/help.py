@@ -32,22 +32,34 @@ KEYS = (
     ("chat", "Ctrl+O", "sessions (asks first if a turn is running)"),
     ("chat", "Ctrl+P", "command palette: the slash commands, themes (the theme you pick is kept)"),
     ("chat", "F1 / ?", "this help (? in an empty prompt)"),
+    ("any dialog", "Tab", "a dialog Cairn opens by itself (an approval, a question it raises) while you are typing — "
+                          "text typed in the last 1.5 s (not counting the prompt you sent with Enter), or text in the "
+                          "prompt — says \"typing… Tab to decide\": your keys go on into the prompt, none is lost and "
+                          "none decides, until Tab (or a click) moves you to the dialog. Opened on an idle, empty "
+                          "prompt it takes keys at once; so does a dialog you opened with a key (v, /rewind). Once it "
+                          "has the keys, Tab changes nothing, and a letter that is none of its keys goes back to the "
+                          "prompt"),
     ("approval", "a", "allow this call once"),
     ("approval", "s", "allow this tool for the rest of the session (/permissions revokes)"),
     ("approval", "p", "run_command only: allow commands starting with the same word (no ; | & $ > in them)"),
     ("approval", "d / Esc", "deny"),
     ("approval", "n", "deny, and type a note the model receives"),
-    ("approval", "←→ Enter, PgUp/PgDn", "choose; scroll the preview. Keys typed while you were typing go to "
-                                       "the prompt, never to the approval; a click counts only once you stopped "
-                                       "typing and the dialog has been open 0.4 s"),
+    ("approval", "←→ Enter, PgUp/PgDn", "choose (nothing is highlighted at first); scroll the preview. A click "
+                                       "on a dialog that waits for Tab only moves you to it"),
+    ("approval", "Enter / Esc", "in the note: deny with the note / back to the choices (its letters are text)"),
     ("resume", "↑ / ↓", "choose a recovered call: its detail pane shows everything about it"),
-    ("resume", "v / e / c", "record a verdict on an OUTCOME_UNKNOWN call / take Cairn's evidence as the verdict / "
-                         "continue to the chat"),
+    ("resume", "v / e / c / i", "record a verdict on an OUTCOME_UNKNOWN call / take Cairn's evidence as the "
+                             "verdict (asks y / n) / continue to the chat / inspect the log"),
+    ("resume", "PgUp / PgDn", "scroll the detail pane"),
     ("rewind", "↑↓ / f / c / b", "choose the first turn to undo / restore its files / the conversation / both (each "
                                  "path someone else changed too is asked about: y overwrites it, n leaves it)"),
-    ("rewind", "u / Esc", "undo the last rewind / cancel"),
+    ("rewind", "Enter / u / Esc", "both / undo the last rewind / cancel; PgUp/PgDn scroll the plan"),
     ("rewind", "f / a", "an interrupted rewind: finish it / abandon it"),
-    ("verdict", "↑↓ Enter / Esc", "record the highlighted answer (nothing is preselected) / cancel"),
+    ("verdict", "h / n / u, ↑↓", "choose: it happened / it did not happen / leave it unknown (nothing is "
+                                "preselected); a letter moves you on to the note"),
+    ("verdict", "Tab / Enter / Esc", "between the list and the note / record the chosen answer with the note as "
+                                    "typed (its letters never change the answer) / cancel"),
+    ("yes / no", "y / n, Esc / Enter", "yes / no / the highlighted button (No at first)"),
     ("sessions", "Enter / n / i / x / Esc", "open or resume / new session / inspect read-only / delete (asks first) / back"),
     ("anywhere", "Ctrl+Q", "quit in order: cancel the turn, write its closing events, flush, unlock"),
 )

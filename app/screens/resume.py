@@ -10,6 +10,12 @@ OUTCOME_UNKNOWN calls, and shows the interrupted prompt and the last
 text (as Markdown). A turn the operator cancelled is worded as such, not as a crash. Each verdict is appended as
 `recovery/verdict` and made durable (`save_verdict`) before its dialog closes: a `kill -9` a moment later keeps it.
 
+Opened by Cairn itself (a session reopened with calls to review: `raised`), it is a dialog Cairn raised (SPEC §11,
+`typeahead.Dialog`): keys typed while the operator was typing go to the prompt until Tab, and a letter that is none of
+its keys sends the keys back there; from `/verdict` it takes keys at once. The verdict dialog (`v`) and the evidence
+question (`e`) are opened by the operator's key and take keys at once; a stray letter on the evidence question is
+typing, not an answer.
+
 "Still running" means: a process with the recorded pid exists, is not a zombie, and its start time (from
 /proc/<pid>/stat and the boot time) is within PID_START_SLACK of the `tool/progress` time, so a recycled pid is not
 mistaken for the command. Without /proc, only `os.kill(pid, 0)` is asked, and the pane says so.
@@ -29,7 +35,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.markup import escape
-from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Label, Markdown, Static
 
 from cairn.persistence.events import (
@@ -53,6 +58,7 @@ from ..agent.previews import preview_parts, render_parts
 from ..render import summarize_arguments
 from ..tools.registry import builtin_safety
 from .confirm import ConfirmDialog
+from .typeahead import Dialog, Typist
 from .verdict import VerdictDialog
 
 
@@ -148,7 +154,7 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
     return rows, prompt, chunks or text
 
 
-class ResumeScreen(ModalScreen[list[RecoveredCall]]):
+class ResumeScreen(Dialog[list[RecoveredCall]]):
     # The table of recovered calls is sized first (its rows, up to 12, plus its scrollbar); the title, the context
     # (prompt and last text) and the detail pane take what is left and scroll, and the button is one line, so at 80×24
     # the NOT_STARTED / OUTCOME_UNKNOWN column and at 60×15 the button and a line of the detail stay on screen.
@@ -162,6 +168,8 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
     ResumeScreen DataTable { height: auto; max-height: 13; min-height: 2; overflow-x: hidden; }
     ResumeScreen #detail { height: 2fr; min-height: 3; border: round $panel-lighten-2; }
     ResumeScreen #continue { margin-top: 0; }
+    ResumeScreen #guard { display: none; }
+    ResumeScreen #guard.-held, ResumeScreen #guard.-said { display: block; }
     """
 
     BINDINGS = [
@@ -172,11 +180,14 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         Binding("pageup", "scroll_detail(-1)", "Scroll detail", show=False, priority=True),
         Binding("pagedown", "scroll_detail(1)", "Scroll detail", show=False, priority=True),
     ]
+    DIALOG_KEYS = frozenset({"v", "e", "c", "i", "enter", "escape", "up", "down", "home", "end"})
+    KEYS_TEXT = "↑↓ a call · v record a verdict · e take Cairn's evidence · c continue to the chat · i inspect the log"
 
     def __init__(self, session_id: str, calls: list[RecoveredCall], prompt: str, last_text: str,
                  workspace: Path | str = ".", elsewhere: bool = False, cancelled: bool = False,
-                 save_verdict: Callable[[str, str, str], Awaitable[None]] | None = None) -> None:
-        super().__init__()
+                 save_verdict: Callable[[str, str, str], Awaitable[None]] | None = None,
+                 typist: Typist | None = None, raised: bool = False) -> None:
+        super().__init__(typist=typist, by_key=not raised)
         self.session_id = session_id
         self.save_verdict = save_verdict  # makes a verdict durable before its dialog closes
         self.calls = calls
@@ -218,6 +229,7 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
             with VerticalScroll(id="detail"):
                 yield Static("", id="told")
+            yield self.guard_line()
             yield Button(r"Continue to the chat \[c]", id="continue", variant="primary", compact=True)
         yield QuietFooter()
 
@@ -370,8 +382,8 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
         # a decision the model will be told: asked once more, and a `y` typed on the heels of the `e` does not count
         question = (f"Take Cairn's evidence as your verdict on {call.call_id} ({call.tool}): "
                     f"{call.evidence} — {call.evidence_detail}?")
-        self.app.push_screen(EvidenceConfirm(safe_text(question), yes="Take it as my verdict", no="Not now"),
-                             answered)
+        self.app.push_screen(EvidenceConfirm(safe_text(question), yes="Take it as my verdict", no="Not now",
+                                             typist=self.typist, by_key=True), answered)
 
     async def _accept(self, call: RecoveredCall, row: int) -> None:
         from cairn.persistence.errors import CheckpointFailed
@@ -381,9 +393,8 @@ class ResumeScreen(ModalScreen[list[RecoveredCall]]):
             if self.save_verdict is not None:
                 await self.save_verdict(call.call_id, verdict, note)
         except CheckpointFailed as e:
-            self.app.notify(f"Verdict recorded but not durable yet ({e.cause}); Cairn tries to write it "
-                            "again at the next checkpoint.",
-                            severity="warning")
+            self.notify(f"Verdict recorded but not durable yet ({e.cause}); Cairn tries to write it "
+                        "again at the next checkpoint.", severity="warning")
         finally:
             self._saving = False
         call.verdict, call.note = verdict, note

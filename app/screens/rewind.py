@@ -10,6 +10,10 @@ undoes the most recent rewind. It returns a `RewindChoice` (turn, scope, force, 
 engine.
 
 `PendingRewindScreen` says what an interrupted rewind restored and what it did not, and returns "finish" or "abandon".
+
+Keys typed as text decide nothing (SPEC §11, `typeahead.Dialog`): the rewind dialog is opened by the operator's key
+(`/rewind`, Esc Esc) and takes keys at once; the per-path "Overwrite it?" questions and the interrupted-rewind screen
+are raised by Cairn, so keys typed while the operator was typing wait in the prompt until Tab. Each lists its keys.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -32,6 +35,7 @@ from cairn.widgets.terminal_text import safe_text
 
 from ..agent.rewind import Force, Plan, RewindRefused, Scope, last_rewind, plan_rewind, prompts
 from .confirm import ConfirmDialog
+from .typeahead import Dialog, Typist
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,9 @@ def plan_text(plan: Plan, prompt: str = "") -> Text:
     return out
 
 
-class RewindScreen(ModalScreen[RewindChoice | None]):
-    """Pick a turn; restore files, the conversation, or both, to before it (or cancel)."""
+class RewindScreen(Dialog[RewindChoice | None]):
+    """Pick a turn; restore files, the conversation, or both, to before it (or cancel). `typist`: the chat's prompt,
+    for the per-path questions Cairn raises."""
 
     DEFAULT_CSS = """
     RewindScreen { align: center middle; }
@@ -104,6 +109,7 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
     RewindScreen #plan { height: 1fr; min-height: 3; border: round $panel-lighten-2; }
     RewindScreen #buttons { height: auto; align: center middle; }
     RewindScreen Button { margin: 0 1; }
+    RewindScreen #guard { height: auto; }
     """
 
     BINDINGS = [
@@ -115,9 +121,12 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
         Binding("pageup", "scroll_plan(-1)", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_plan(1)", "Scroll", show=False, priority=True),
     ]
+    KEYS_TEXT = "↑↓ choose the turn · Enter = both · PgUp/PgDn scroll the plan"
 
-    def __init__(self, events: list[Any], workspace: Path | str, blobs: Any, repo: Any = None) -> None:
+    def __init__(self, events: list[Any], workspace: Path | str, blobs: Any, repo: Any = None,
+                 typist: Typist | None = None) -> None:
         super().__init__()
+        self.confirm_typist = typist
         self.events = list(events)
         self.workspace = Path(workspace)
         self.blobs = blobs
@@ -142,6 +151,7 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
                 if self.undoable:
                     yield Button(r"Undo the last rewind \[u]", id="undo", compact=True)
                 yield Button(r"Cancel \[esc]", id="cancel", compact=True)
+            yield self.guard_line()
 
     def on_mount(self) -> None:
         options = self.query_one("#turns", OptionList)
@@ -215,7 +225,7 @@ class RewindScreen(ModalScreen[RewindChoice | None]):
                 question = (f"({n} of {len(changed)}) {item.path}: {why}. Restoring it to before turn {turn} "
                             "overwrites what is there now. Overwrite it?")
                 if await self.app.push_screen_wait(ConfirmDialog(safe_text(question), yes="Overwrite",
-                                                                 no="Leave it")):
+                                                                 no="Leave it", typist=self.confirm_typist)):
                     yes.add(item.path)
         finally:
             self._asking = False
@@ -251,8 +261,9 @@ def pending_text(plan: Any, done: set[str]) -> Text:
     return out
 
 
-class PendingRewindScreen(ModalScreen[str | None]):
-    """An interrupted rewind: finish it or abandon it, before the next turn."""
+class PendingRewindScreen(Dialog[str | None]):
+    """An interrupted rewind: finish it or abandon it, before the next turn. Raised by Cairn: given the chat's
+    `typist`, keys typed while the operator was typing wait in the prompt until Tab."""
 
     DEFAULT_CSS = """
     PendingRewindScreen { align: center middle; }
@@ -261,15 +272,18 @@ class PendingRewindScreen(ModalScreen[str | None]):
     PendingRewindScreen VerticalScroll { height: auto; max-height: 16; }
     PendingRewindScreen Horizontal { height: auto; align: center middle; margin-top: 1; }
     PendingRewindScreen Button { margin: 0 1; }
+    PendingRewindScreen #guard { margin-top: 1; }
     """
 
     BINDINGS = [
         Binding("f", "settle('finish')", "Finish", show=False),
         Binding("a", "settle('abandon')", "Abandon", show=False),
     ]
+    DIALOG_KEYS = frozenset({"f", "a", "enter"})
+    KEYS_TEXT = "f finish the rewind · a abandon it · Enter the highlighted button"
 
-    def __init__(self, plan: Any, done: set[str]) -> None:
-        super().__init__()
+    def __init__(self, plan: Any, done: set[str], typist: Typist | None = None) -> None:
+        super().__init__(typist=typist)
         self.plan = plan
         self.done = done
 
@@ -280,6 +294,7 @@ class PendingRewindScreen(ModalScreen[str | None]):
             with Horizontal():
                 yield Button(r"Finish the rewind \[f]", id="finish", variant="primary", compact=True)
                 yield Button(r"Abandon it \[a]", id="abandon", compact=True)
+            yield self.guard_line()
 
     def on_mount(self) -> None:
         self.query_one("#finish", Button).focus()
