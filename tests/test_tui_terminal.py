@@ -1,5 +1,5 @@
-"""The TUI in a real terminal (tmux): start `cairn`, approve a command, SIGKILL the process while the command runs, then
-`cairn resume ID` and read the screen back with `capture-pane`.
+"""The TUI in a real terminal (tmux, or a pty read by pyte where tmux is absent: tests/terminal_driver.py): start
+`cairn`, approve a command, SIGKILL the process while the command runs, then `cairn resume ID` and read the screen back.
 
 The model's one response asks for two side-effecting calls: the first (approved) writes a marker and sleeps, so the
 kill lands while it runs — OUTCOME_UNKNOWN after repair; the second never got as far as its approval — NOT_STARTED.
@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +20,7 @@ from pathlib import Path
 from agent_helpers import write_script
 from cairn.persistence.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, RecoveryEvidence, ToolResult, TurnEnd
 from cairn.persistence.store import SessionStore
+from terminal_driver import WAIT, terminal
 from tui_helpers import types_of, wait_sync
 
 
@@ -30,46 +29,6 @@ def iter_ids(home: Path):
     return (path.stem for path in sorted((home / "sessions").glob("*.jsonl")))
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
-WAIT = 20.0  # seconds: generous for a loaded CI machine; the normal case is a second or two
-WIDTH, HEIGHT = 140, 36
-
-
-
-class Tmux:
-    """One private tmux server (its own socket), so parallel or leftover runs never collide."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        assert shutil.which("tmux"), "this test needs tmux (apt-get install tmux)"
-        self.socket = f"cairn-test-{secrets.token_hex(4)}"
-        self.env = env
-
-    def __call__(self, *args: str) -> str:
-        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args], env=self.env,
-                              capture_output=True, text=True, timeout=10)
-        assert done.returncode == 0, f"tmux {' '.join(args)} failed: {done.stderr}"
-        return done.stdout
-
-    def start(self, name: str, cwd: Path, command: str) -> int:
-        """A detached session running `command` (exec'd, so the pane's pid is the program's); returns that pid."""
-        self("new-session", "-d", "-s", name, "-x", str(WIDTH), "-y", str(HEIGHT), "-c", str(cwd), f"exec {command}")
-        self("set-option", "-t", name, "remain-on-exit", "on")  # a crash stays readable on screen
-        return int(self("display-message", "-p", "-t", name, "#{pane_pid}").strip())
-
-    def screen(self, name: str) -> str:
-        return self("capture-pane", "-p", "-t", name)
-
-    def wait_screen(self, name: str, *needles: str, timeout: float = WAIT) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            text = self.screen(name)
-            if all(n in text for n in needles):
-                return text
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {needles} on screen {name}; it shows:\n{text}")
-            time.sleep(0.05)
-
-    def kill_server(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], env=self.env, capture_output=True, timeout=10)
 
 
 def alive(pid: int) -> bool:
@@ -95,30 +54,30 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8",
            "TERM": "xterm-256color", "CAIRN_HOME": str(home)}
     cairn = f"{CAIRN} --provider script --script {script}"
-    tmux = Tmux(env)
+    term = terminal(env)
     command_pid = None
     try:
-        pid = tmux.start("first", ws, cairn)
+        pid = term.start("first", ws, cairn)
         assert "cairn" in Path(f"/proc/{pid}/cmdline").read_text()
-        tmux.wait_screen("first", "New session")
-        tmux("send-keys", "-t", "first", "deploy it", "Enter")
+        term.wait_screen("first", "New session")
+        term.send_keys("first", "deploy it", "Enter")
         # type-ahead: keep typing (a, s and d among the letters) across the modal's opening and for 2 s after it
         typed, opened = "", None
         for char in "so save a draft as said and add dates " * 4:
-            tmux("send-keys", "-t", "first", "-l", char)
+            term.send_text("first", char)
             typed += char
             time.sleep(0.07)
-            if opened is None and "Allow run_command?" in tmux.screen("first"):
+            if opened is None and "Allow run_command?" in term.screen("first"):
                 opened = time.monotonic()
             if opened is not None and time.monotonic() - opened > 2.0:
                 break
         assert opened is not None and time.monotonic() - opened > 2.0, "the modal did not open while typing"
-        tmux.wait_screen("first", "Allow run_command?", "Tab to decide")  # it waits for the operator (SPEC §11)
+        term.wait_screen("first", "Allow run_command?", "Tab to decide")  # it waits for the operator (SPEC §11)
         assert marker.read_text() == ""  # nothing typed decided it
-        assert typed.split()[-1] in tmux.screen("first")  # the typing is in the prompt behind the modal
-        tmux("send-keys", "-t", "first", "Tab")  # the operator moves to the dialog on purpose
-        tmux.wait_screen("first", "Allow run_command?", "Choose with a key")
-        tmux("send-keys", "-t", "first", "a")  # a deliberate key
+        assert typed.split()[-1] in term.screen("first")  # the typing is in the prompt behind the modal
+        term.send_keys("first", "Tab")  # the operator moves to the dialog on purpose
+        term.wait_screen("first", "Allow run_command?", "Choose with a key")
+        term.send_keys("first", "a")  # a deliberate key
 
         started = wait_sync(lambda: re.fullmatch(r"started (\d+)\n", marker.read_text()), "the command to start",
                             WAIT)
@@ -142,12 +101,12 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
         assert types_of(stored)[-2:] == ["tool/call", "tool/progress"]  # no repair yet
         assert (stored[-1].call_id, stored[-1].pid) == (stored[-2].call_id, command_pid)
 
-        tmux.start("resume", ws, f"{CAIRN} resume {session_id} --provider script --script {script}")
-        screen = tmux.wait_screen("resume", "OUTCOME_UNKNOWN", "NOT_STARTED")
+        term.start("resume", ws, f"{CAIRN} resume {session_id} --provider script --script {script}")
+        screen = term.wait_screen("resume", "OUTCOME_UNKNOWN", "NOT_STARTED")
         assert "was interrupted" in screen and "run_command" in screen
 
         # keys typed now reach the resume screen, not the prompt: no turn can start behind it
-        tmux("send-keys", "-t", "resume", "hello", "Enter")
+        term.send_keys("resume", "hello", "Enter")
         time.sleep(0.5)
         events = store.backend.load(session_id).events
         assert types_of(events).count("turn/start") == 1
@@ -164,14 +123,13 @@ def test_sigkilled_tui_resumes_showing_outcome_unknown_and_not_started_before_an
         codes = [e.error_code for e in events if isinstance(e, ToolResult)]
         assert codes == [TOOL_OUTCOME_UNKNOWN, TOOL_NOT_STARTED]
         assert not (ws / "second.txt").exists()
-        assert "OUTCOME_UNKNOWN" in tmux.screen("resume")  # still the resume screen
+        assert "OUTCOME_UNKNOWN" in term.screen("resume")  # still the resume screen
 
-        tmux("send-keys", "-t", "resume", "C-q")  # ordered quit: the lock is released, nothing else is written
-        wait_sync(lambda: "Pane is dead" in tmux.screen("resume") or not alive(int(tmux(
-            "display-message", "-p", "-t", "resume", "#{pane_pid}").strip())), "cairn resume to quit", WAIT)
+        term.send_keys("resume", "C-q")  # ordered quit: the lock is released, nothing else is written
+        wait_sync(lambda: not term.running("resume"), "cairn resume to quit", WAIT)
         assert types_of(store.backend.load(session_id).events) == types_of(events)
     finally:
-        tmux.kill_server()
+        term.close()
         if command_pid is not None:
             try:
                 os.killpg(command_pid, signal.SIGKILL)  # a safety net: the command dies with cairn (parent-death)
@@ -190,17 +148,17 @@ def test_closing_the_terminal_mid_command_ends_the_turn_in_order_and_leaves_no_p
         {"name": "run_command", "arguments": {"command": f"printf 'started %s\\n' $$ > {marker}; sleep 60"}}]}])
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8",
            "TERM": "xterm-256color", "CAIRN_HOME": str(home)}
-    tmux = Tmux(env)
+    term = terminal(env)
     command_pid = None
     try:
-        pid = tmux.start("term", ws, f"{CAIRN} --provider script --script {script}")
-        tmux.wait_screen("term", "New session")
-        tmux("send-keys", "-t", "term", "deploy it", "Enter")
-        tmux.wait_screen("term", "Allow run_command?", "Choose with a key")  # opened on an idle prompt: keys at once
-        tmux("send-keys", "-t", "term", "a")
+        pid = term.start("term", ws, f"{CAIRN} --provider script --script {script}")
+        term.wait_screen("term", "New session")
+        term.send_keys("term", "deploy it", "Enter")
+        term.wait_screen("term", "Allow run_command?", "Choose with a key")  # opened on an idle prompt: keys at once
+        term.send_keys("term", "a")
         started = wait_sync(lambda: re.fullmatch(r"started (\d+)\n", marker.read_text()), "the command to start", WAIT)
         command_pid = int(started.group(1))
-        tmux("kill-session", "-t", "term")  # the terminal goes away: SIGHUP to the program in it
+        term.close_terminal("term")  # the terminal goes away: SIGHUP to the program in it
         wait_sync(lambda: not alive(pid), "cairn to exit", WAIT)
         wait_sync(lambda: not alive(command_pid), "the command to be stopped", WAIT)
         (session_id,) = iter_ids(home)
@@ -210,6 +168,6 @@ def test_closing_the_terminal_mid_command_ends_the_turn_in_order_and_leaves_no_p
         codes = [e.error_code for e in events if isinstance(e, ToolResult)]
         assert codes == [TOOL_OUTCOME_UNKNOWN]
     finally:
-        tmux.kill_server()
+        term.close()
         if command_pid is not None and alive(command_pid):
             os.killpg(command_pid, signal.SIGKILL)

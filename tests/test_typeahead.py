@@ -4,8 +4,8 @@ A dialog Cairn raises while the operator is typing (a key other than the Enter t
 or a non-empty prompt) leaves every key in the prompt and decides only after Tab; opened on an idle, empty prompt it
 takes keys at once; a dialog the operator opened with a key takes keys at once. Typing is judged by each key's own time
 (`events.Key.time`), which these tests set through the driver like a terminal's keys, so nothing here sleeps to make a
-key "late": every wait is on state. The typing robot in a real terminal (tmux) at 0.05 to 1.0 s a key is the last test
-here (marked slow).
+key "late": every wait is on state. The typing robot in a real terminal (tmux, or a pty read by pyte) at 0.05 to 1.0 s a
+key is the last test here (marked slow).
 
 Mutations tried: "rule removed" (`Dialog.route` passing every key on to the dialog) fails
 `test_prose_typed_across_the_opening_never_decides_and_lands_in_the_prompt` at every speed; "typing never seen"
@@ -397,7 +397,7 @@ async def test_every_dialog_shows_its_keys_on_itself(tmp_path):
         await pilot.press("ctrl+q")
 
 
-# -- a typing robot in a real terminal (tmux) ------------------------------------------------------------------------
+# -- a typing robot in a real terminal (tmux, or a pty read by pyte: tests/terminal_driver.py) -----------------------
 
 ROBOT_PROSE = "and then ask, so please do add a note as said "  # every choice's letter, soon after any moment
 ROBOT_RESULTS: dict[float, str] = {}
@@ -406,15 +406,16 @@ ROBOT_RESULTS: dict[float, str] = {}
 @pytest.mark.slow
 @pytest.mark.parametrize("gap", [0.05, 0.2, 0.35, 0.5, 1.0])
 def test_a_typing_robot_in_a_real_terminal_never_decides_an_approval_at_any_speed(tmp_path, gap):
-    """`cairn` in tmux; the model streams ~1.2 s and then asks to run a command. The robot sends the prompt, then types
-    prose one key at a time (`send-keys -l`), `gap` seconds apart, across the moment the dialog appears and on after
+    """`cairn` in a real terminal; the model streams ~1.2 s and then asks to run a command. The robot sends the prompt,
+    then types prose one key at a time, `gap` seconds apart, across the moment the dialog appears and on after
     it. No decision, no command run, every character in the prompt; then Tab and `a` (one extra key) allow it."""
     import os
     import sys as _sys
     from pathlib import Path
 
     from agent_helpers import write_script
-    from test_tui_terminal import Tmux, iter_ids
+    from terminal_driver import terminal
+    from test_tui_terminal import iter_ids
     from tui_helpers import types_of, wait_sync
 
     from cairn.persistence.store import SessionStore
@@ -429,12 +430,12 @@ def test_a_typing_robot_in_a_real_terminal_never_decides_an_approval_at_any_spee
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8",
            "TERM": "xterm-256color", "CAIRN_HOME": str(home), "CAIRN_SNAPSHOTS": "off"}
     cairn = str(Path(_sys.executable).parent / "cairn")
-    tmux = Tmux(env)
+    term = terminal(env)
     try:
-        tmux.start("robot", ws, f"{cairn} --provider script --script {script}")
-        tmux.wait_screen("robot", "New session")
-        tmux("send-keys", "-t", "robot", "-l", "run the deploy")
-        tmux("send-keys", "-t", "robot", "Enter")
+        term.start("robot", ws, f"{cairn} --provider script --script {script}")
+        term.wait_screen("robot", "New session")
+        term.send_text("robot", "run the deploy")
+        term.send_keys("robot", "Enter")
         typed, opened_after, sent_at = "", None, time.monotonic()
         started = time.monotonic()
         i = 0
@@ -445,9 +446,9 @@ def test_a_typing_robot_in_a_real_terminal_never_decides_an_approval_at_any_spee
             while time.monotonic() < next_at:
                 time.sleep(0.005)
             sent_at = time.monotonic()
-            tmux("send-keys", "-t", "robot", "-l", char)
+            term.send_text("robot", char)
             typed += char
-            if opened_after is None and "Allow run_command?" in tmux.screen("robot"):
+            if opened_after is None and "Allow run_command?" in term.screen("robot"):
                 opened_after = len(typed)  # keys sent before the dialog was seen on screen (at most)
                 opened_at = time.monotonic()
             if opened_after is not None and len(typed) - opened_after >= 6 and time.monotonic() - opened_at > 1.0:
@@ -455,26 +456,26 @@ def test_a_typing_robot_in_a_real_terminal_never_decides_an_approval_at_any_spee
             assert time.monotonic() - started < 25, "the dialog never opened"
         assert 0 < opened_after < len(typed), "the typing must straddle the moment the dialog opened"
         assert set(typed[opened_after:]) & set("asdnp"), "a choice's letter must be typed while the dialog is up"
-        tmux.wait_screen("robot", "Allow run_command?", "Tab to decide")
+        term.wait_screen("robot", "Allow run_command?", "Tab to decide")
         assert not made.exists(), "a typed key decided the approval"
         (session_id,) = iter_ids(home)
         store = SessionStore(home)
         log_types = types_of(store.backend.load(session_id).events)
         assert "approval/asked" in log_types and "approval/decided" not in log_types
         # no character lost: the prompt behind the dialog holds all of it (the screen trims a trailing space)
-        wait_sync(lambda: typed.rstrip() in tmux.screen("robot"), "every typed character in the prompt", 10)
+        wait_sync(lambda: typed.rstrip() in term.screen("robot"), "every typed character in the prompt", 10)
 
-        tmux("send-keys", "-t", "robot", "Tab")  # one extra key: the operator moves to the dialog
-        tmux.wait_screen("robot", "Allow run_command?", "Choose with a key")
-        tmux("send-keys", "-t", "robot", "a")
+        term.send_keys("robot", "Tab")  # one extra key: the operator moves to the dialog
+        term.wait_screen("robot", "Allow run_command?", "Choose with a key")
+        term.send_keys("robot", "a")
         wait_sync(made.exists, "the command allowed by the deliberate key to run", 20)
         events = store.backend.load(session_id).events
         assert [e.decision for e in events if type(e).__name__ == "ApprovalDecided"] == ["allowed_once"]
-        wait_sync(lambda: "Allow run_command?" not in tmux.screen("robot") and typed.rstrip() in tmux.screen("robot"),
+        wait_sync(lambda: "Allow run_command?" not in term.screen("robot") and typed.rstrip() in term.screen("robot"),
                   "the draft still in the prompt", 10)
         ROBOT_RESULTS[gap] = (f"{gap:.2f} s/key: {len(typed)} keys, {opened_after} before the dialog was seen, "
                               f"{len(typed) - opened_after} after; no decision, no character lost; Tab + a allowed it")
         print("\nrobot:", ROBOT_RESULTS[gap])
-        tmux("send-keys", "-t", "robot", "C-q")
+        term.send_keys("robot", "C-q")
     finally:
-        tmux.kill_server()
+        term.close()
