@@ -21,7 +21,7 @@ from msgspec.structs import replace
 
 from cairn.persistence.coordinator import now_ms
 from cairn.persistence.events import encode_event
-from cairn.persistence.postgres import event_columns
+from cairn.persistence.postgres_schema import event_columns
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import SessionStore
 from p1_barrier_latency import barrier_events

@@ -91,6 +91,7 @@ def _decode_slowly(body: bytes, path: str, first_line: int, tail_may_be_torn: bo
         if not line.strip():
             blanks += len(line) + 1
             continue
+        event: AnyEvent
         try:
             try:
                 event = event_decoder.decode(line)

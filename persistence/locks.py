@@ -269,6 +269,7 @@ class ByteHold:
         if self._fd is None:
             return
         fd, key, self._fd = self._fd, self._key, None
+        assert key is not None  # (set together with _fd by acquire)
         try:
             fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, fcntl.F_UNLCK, os.SEEK_SET, self.offset, 1, 0))
         except OSError:
