@@ -20,6 +20,7 @@ from cairn.persistence.store import OpenedSession, SessionStore, move_workspace
 from .agent import failpoints
 from .agent.approval import Approver, headless_approver
 from .agent.compaction import configured_window
+from .agent.evidence import Evidence
 from .agent.hooks import Hooks
 from .agent.loop import AgentLoop, TurnResult
 from .agent.policy import CheckpointPolicy
@@ -54,7 +55,7 @@ class Agent:
 
 
 def open_store(config: Config) -> SessionStore:
-    return SessionStore(config.home, config.backend, getattr(config, "database_url", None))
+    return SessionStore(config.home, config.backend, config.database_url)
 
 
 def close_unused(opened: OpenedSession) -> None:
@@ -98,11 +99,11 @@ async def mount_agent(
     run`) nothing waits for them: their tools join the registry once they are ready, and a turn that reaches its first
     request before then waits for them only (after its prompt is durable), saying so through `mcp_waiting` (the names
     still starting). Without it (ACP, the Python API) the agent is returned once each server is ready or failed."""
-    secrets = provider_secrets(provider) + database_secrets(getattr(config, "database_url", None))
+    secrets = provider_secrets(provider) + database_secrets(config.database_url)
     if secrets:
         session.add_secrets(secrets)
     registry = tools or ToolRegistry(builtin_tools())
-    if mcp is None and getattr(config, "mcp_servers", None):
+    if mcp is None and config.mcp_servers:
         # before the policy and the loop, so the stack stops the servers after the loop has quiesced and before
         # persistence closes; mcp (and pydantic) are imported only when they start, in a thread
         mcp = new_mcp_servers(config, report)
@@ -141,11 +142,12 @@ async def mount_agent(
         session, provider, registry, config.workspace, approver, hooks,
         max_retries=config.max_retries,
         # configured (profile, CAIRN_CONTEXT_WINDOW) or None: the loop asks the server, then the model family
-        context_window=getattr(config, "context_window", None) or configured_window(),
-        profile=getattr(config, "profile", None),
-        text_form=getattr(config, "transcript", "messages") == "text",
-        blobs=before_images(stack, config),
-        snapshots=workspace_snapshots(config, report, session_id=session.id, holds_secret=session.holds_secret),
+        context_window=config.context_window or configured_window(),
+        profile=config.profile,
+        text_form=config.transcript == "text",
+        evidence=Evidence(session, config.workspace, blobs=before_images(stack, config), report=report,
+                          snapshots=workspace_snapshots(config, report, session_id=session.id,
+                                                        holds_secret=session.holds_secret)),
         report=report,
     )
     await stack.enter_async_context(loop)
@@ -163,7 +165,7 @@ def workspace_snapshots(config: Config, report: Callable[[str], None] | None, wo
     the log (SPEC §9: without them rewind works from the before-images "and says so"), and a session stays continuable
     whatever sits beside it (§7). So turns go on without snapshots and a rewind works from the before-images, each
     saying once which path is in the way; nothing is created or removed at that path."""
-    if getattr(config, "snapshots", "auto") == "off":
+    if config.snapshots == "off":
         return None
     from .agent.snapshots import ShadowRepo, git_path
 
@@ -234,7 +236,7 @@ def before_images(stack: AsyncExitStack, config: Config) -> Callable[[], Any]:
             from cairn.persistence.store import make_backend
 
             built.append(blob_store_for(make_backend(config.backend, Path(config.home),
-                                                     getattr(config, "database_url", None))))
+                                                     config.database_url)))
             stack.callback(built[0].close)
         return built[0]
 
@@ -267,7 +269,7 @@ async def open_agent(
     nothing waits for them but the first request (see `mount_agent`)."""
     async with AsyncExitStack() as stack:
         mcp = None
-        if mcp_background and getattr(config, "mcp_servers", None) and not resume and opened is None:
+        if mcp_background and config.mcp_servers and not resume and opened is None:
             mcp = new_mcp_servers(config, report)  # (a resumed session may switch config: started in mount_agent)
             await mcp.start()
             stack.push_async_callback(mcp.close)

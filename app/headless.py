@@ -153,7 +153,8 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
         mcp_background=True,
         mcp_waiting=lambda names: note(f"cairn: waiting for MCP server {', '.join(names)} to start"),
     ) as agent:
-        session = agent.session
+        session, provider = agent.session, agent.loop.provider
+        assert agent.config is not None  # (open_agent always gives the effective config)
         if agent.loop.pending_rewind() is not None:  # nothing else runs until it is settled (SPEC §10)
             from .agent.rewind import pending_rewind, pending_text
 
@@ -164,15 +165,15 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
             sys.stdout.buffer.write(safe_json(session_line(agent)) + b"\n")
             sys.stdout.buffer.flush()
         else:
-            model = shown_model(agent.provider.model, session.coordinator.secrets)
-            note(f"cairn: session {session.id} ({agent.config.backend}, {agent.provider.name} {model})")
+            model = shown_model(provider.model, session.coordinator.secrets)
+            note(f"cairn: session {session.id} ({agent.config.backend}, {provider.name} {model})")
         for event in session.repaired:
             if args.json:
                 printer(event)
             elif isinstance(event, ToolResult):
                 note(f"cairn: recovered call {event.call_id}: {result_status(event)}")
         session.subscribe(printer)
-        name = agent.provider.name
+        name = provider.name
 
         def waiting(seconds: float | None) -> None:  # a stalled server is visible, at least every 10 s
             if seconds is not None:
@@ -207,11 +208,11 @@ def session_line(agent: Agent) -> bytes:
 
 
 def limit_words(agent: Agent) -> str:
-    """Name the output limit the answer hit: the provider's `max_tokens` when it has one (openai sends it)."""
-    limit = getattr(agent.provider, "max_tokens", None)
+    """Name the output limit the answer hit: the `max_tokens` its request sent when it sent one (openai does)."""
+    limit = agent.loop.output_limit
     if limit:
         return f"the answer hit the output limit of {limit} tokens (max_tokens) and was cut off"
-    return f"the answer hit the {getattr(agent.provider, 'name', 'provider')} provider's output limit and was cut off"
+    return f"the answer hit the {agent.loop.provider.name} provider's output limit and was cut off"
 
 
 async def _cancel_on_signal(loop: Any) -> None:

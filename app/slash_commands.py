@@ -55,7 +55,7 @@ def profile_config(config: Any, name: str) -> Any | None:
     from .config.file import ConfigFileError, read_config_file
     from .config.resolver import resolve_config
 
-    path = getattr(config, "config_file", None)
+    path = config.config_file
     if path is None:
         return None
     try:
@@ -94,13 +94,14 @@ def model_listing(config: Any, provider: Any, current_profile: str | None) -> st
     defaults (the provider then depends on whether a key is set)."""
     from .config.file import ConfigFileError, read_config_file
     from .config.resolver import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL, default_config_path
+    from .providers.base import limits_of
 
     models = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC_MODEL}
-    endpoint = getattr(provider, "recorded_endpoint", None) or getattr(config, "base_url", None)
+    endpoint = limits_of(provider).endpoint or config.base_url
     where = f" @ {url_host(endpoint)}" if endpoint else ""
     using = f" (profile {current_profile})" if current_profile else ""
     lines = [f"Now: {provider.name} · {provider.model}{where}{using}."]
-    path = getattr(config, "config_file", None)
+    path = config.config_file
     switch_model = f"/model NAME uses another model of {provider.name} from the next request."
     profiles: dict[str, Any] = {}
     if path is not None:

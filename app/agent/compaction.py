@@ -30,7 +30,7 @@ from cairn.persistence.events import (
     ToolResult,
 )
 
-from ..providers.base import ProviderError
+from ..providers.base import HTTPStatusError, ProviderError, ServerReportedError
 
 DEFAULT_CONTEXT_WINDOW = 128_000
 COMPACT_AT = 0.85  # of the window: leave room for the answer and for the estimate being rough
@@ -105,7 +105,8 @@ def estimate_tokens(messages: list[dict[str, Any]], tools: list[Any] = ()) -> in
 
 def is_context_overflow(error: ProviderError) -> bool:
     """Whether a provider error says the request was too long for the model's context."""
-    if error.code not in ("HTTP_400", "HTTP_413", "HTTP_422", "STREAM_ERROR"):
+    refused = isinstance(error, HTTPStatusError) and error.status in (400, 413, 422)
+    if not refused and not isinstance(error, ServerReportedError):
         return False
     return error.says(*OVERFLOW_WORDS)  # its message, or the code beside it (`context_length_exceeded`)
 

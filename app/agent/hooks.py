@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from cairn.persistence.session import LiveSession
 
     from ..providers.base import ModelRequest
+    from ..tools.files import Fingerprint
 
 
 @dataclass
@@ -47,7 +48,7 @@ class ToolRunContext:
     safety: str
     parent_call_id: str | None
     body_started: bool = False  # set by the innermost call; tells cancellation "aborted before dispatch" from "unknown"
-    fingerprint: Any = None  # a file tool's (tools.files.Fingerprint), recorded on its tool/call before the barrier
+    fingerprint: "Fingerprint | None" = None  # a file tool's, recorded on its tool/call before the barrier
 
 
 @dataclass

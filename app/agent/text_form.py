@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..providers.base import ProviderError
+from ..providers.base import HTTPStatusError, ProviderError
 
 # What such servers say (llama.cpp's Jinja error, and the wordings of servers that reject the role outright).
 REFUSAL_WORDS = (
@@ -22,7 +22,7 @@ REFUSAL_WORDS = (
 
 def refuses_tool_role(error: ProviderError) -> bool:
     """Whether a provider error is a chat template refusing the tool role or tool calls."""
-    if error.code not in ("HTTP_400", "HTTP_422", "HTTP_500"):
+    if not (isinstance(error, HTTPStatusError) and error.status in (400, 422, 500)):
         return False
     return error.says(*REFUSAL_WORDS)
 

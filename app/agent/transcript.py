@@ -307,6 +307,7 @@ class Transcript:
     def _add_result(self, event: ToolResult) -> None:
         if event.source_seq in self._nested:
             return
+        slot: _Slot | None
         if event.source_seq is not None and event.source_seq in self._by_seq:
             slot = self._by_seq[event.source_seq]
         else:  # no tool/call behind it (not started, denied, unknown tool, truncated): the first open call of that id

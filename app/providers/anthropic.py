@@ -30,22 +30,25 @@ import json
 import re
 import uuid
 from contextlib import aclosing
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 import httpx
 
 from cairn.persistence.events import Usage
 
-from .base import ModelRequest, RawToolCall, ReasoningDelta, StreamEnd, StreamItem, TextDelta, parse_json
-from .openai import (
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_TIMEOUT,
-    OpenAIProvider,
-    count_or_none,
-    error_detail,
-    normalize_finish_reason,
-    one_line_cut,
+from .base import (
+    ModelRequest,
+    RawToolCall,
+    ReasoningDelta,
+    ServedWindow,
+    ServerReportedError,
+    StreamEnd,
+    StreamItem,
+    TextDelta,
+    parse_json,
 )
+from .openai import DEFAULT_MAX_TOKENS, DEFAULT_TIMEOUT, OpenAIProvider
+from .replies import count_or_none, error_detail, normalize_finish_reason, one_line_cut
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -87,7 +90,7 @@ class AnthropicProvider(OpenAIProvider):
     def __repr__(self) -> str:
         return f"AnthropicProvider(model={self.model!r}, base_url={self._shown_url!r})"
 
-    async def server_context_window(self) -> int | None:
+    async def served_window(self) -> ServedWindow | None:
         """Anthropic-style endpoints are not asked for limits (the model family's window applies)."""
         return None
 
@@ -107,7 +110,7 @@ class AnthropicProvider(OpenAIProvider):
 
     def build_body(self, request: ModelRequest) -> dict[str, Any]:
         system, messages = to_anthropic(request.messages)
-        body: dict[str, Any] = {"max_tokens": self.max_tokens}
+        body: dict[str, Any] = {"max_tokens": self.max_tokens if request.max_tokens is None else request.max_tokens}
         if self.thinking_budget and _thinking_can_be_on(messages):
             body["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         elif self.temperature is not None:  # the API refuses temperature/top_p changes while thinking
@@ -134,7 +137,7 @@ class AnthropicProvider(OpenAIProvider):
 
     # ------------------------------------------------------------------ answers
 
-    async def _sse(self, lines: AsyncIterator[str], state: Any) -> AsyncIterator[StreamItem]:
+    async def _sse(self, lines: AsyncIterator[str], state: Any) -> AsyncGenerator[StreamItem, None]:
         """The inherited SSE reader (it ignores `event:` lines; every data payload says its own `type`), with the
         final StreamEnd built from the Messages blocks."""
         state.anthropic = _Answer()
@@ -152,19 +155,19 @@ class AnthropicProvider(OpenAIProvider):
         answer: _Answer = state.anthropic
         kind = event.get("type")
         if kind == "error":
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            error = _object(event.get("error"))
             detail = error.get("message") or error_detail(json.dumps(event)) or "unknown error"
             raise self._error(
+                ServerReportedError,
                 f"{self._shown_url} reported an error: {error.get('type', 'error')}: {one_line_cut(self._scrub(str(detail)))}",
-                "STREAM_ERROR",
                 retryable=error.get("type") in RETRYABLE_ERRORS and not state.started,
             )
         if kind == "message_start":
-            message = event.get("message") if isinstance(event.get("message"), dict) else {}
+            message = _object(event.get("message"))
             answer.add_usage(message.get("usage"))
             return []
         if kind == "message_delta":
-            delta = event.get("delta") if isinstance(event.get("delta"), dict) else {}
+            delta = _object(event.get("delta"))
             reason = delta.get("stop_reason")
             if reason:
                 state.finish_reason = STOP_REASONS.get(reason) or normalize_finish_reason(reason)
@@ -176,13 +179,13 @@ class AnthropicProvider(OpenAIProvider):
                 raise self._malformed("content_block_start without a content_block")
             return answer.start(event.get("index"), block, state)
         if kind == "content_block_delta":
-            delta = event.get("delta")
-            if not isinstance(delta, dict):
+            given = event.get("delta")
+            if not isinstance(given, dict):
                 raise self._malformed("content_block_delta without a delta")
-            return answer.delta(event.get("index"), delta, state, self)
+            return answer.delta(event.get("index"), given, state, self)
         return []  # ping, content_block_stop, message_stop, and event types added later
 
-    async def _non_streaming(self, response: httpx.Response, state: Any) -> AsyncIterator[StreamItem]:
+    async def _non_streaming(self, response: httpx.Response, state: Any) -> AsyncGenerator[StreamItem, None]:
         """A server that ignored `stream: true` and answered one message object."""
         raw = await response.aread()
         try:
@@ -343,6 +346,11 @@ def to_anthropic(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, An
     return "\n\n".join(system_parts), out
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object from the server, or an empty one when it sent something else there."""
+    return value if isinstance(value, dict) else {}
+
+
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -366,7 +374,8 @@ def _thinking_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
         if part.get("redacted"):
             blocks.append({"type": "redacted_thinking", "data": part["redacted"]})
             continue
-        chars = part.get("chars") if isinstance(part.get("chars"), int) else len(text) - position
+        given = part.get("chars")
+        chars = given if isinstance(given, int) else len(text) - position
         piece, position = text[position : position + chars], position + chars
         if part.get("signature") and piece:
             blocks.append({"type": "thinking", "thinking": piece, "signature": part["signature"]})

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import anyio
 
 from ..render import fence
-from .base import ModelRequest, RawToolCall, StreamEnd, StreamItem, TextDelta
+from .base import ModelRequest, NoServer, RawToolCall, StreamEnd, StreamItem, TextDelta
 
 HELP = (
     "I'm the offline **demo** model: no key, no network, but real tools. Try:\n\n"
@@ -59,7 +59,7 @@ def words(text: str) -> list[str]:
     return ["".join(parts[i : i + 2]) for i in range(0, len(parts), 2)]
 
 
-class DemoProvider:
+class DemoProvider(NoServer):
     name = "demo"
 
     def __init__(self, model: str | None = None, delay: float = 0.02) -> None:

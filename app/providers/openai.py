@@ -34,7 +34,7 @@ Decisions worth knowing:
   stream), `NETWORK` (any other transport failure). `retryable` is set for the statuses in `RETRYABLE_STATUSES`, and
   for connection failures, timeouts and lost connections before the first chunk of the answer (nothing was shown, so
   sending the request again duplicates nothing). `retry_after` comes from `Retry-After` (seconds or an HTTP date) or
-  `retry-after-ms`, capped at 60 s. The retry loop itself lives in `app/agent/loop.py`.
+  `retry-after-ms`, capped at 60 s. The retry loop itself lives in `app/agent/exchange.py`.
 - Timeouts: `timeout` is a number of seconds (read/write/pool; connect is capped at 10 s; None or <= 0 means no limit
   but the 10 s connect limit) or an `httpx.Timeout`. The read timeout applies to each wait for bytes, so a server that
   hangs (before or during the stream) ends the stream with a `TIMEOUT` error. The caller reads `CAIRN_TIMEOUT`; this
@@ -43,14 +43,11 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-import email.utils
 import json
-import math
-import time
 import uuid
 from contextlib import aclosing
-from typing import Any, AsyncIterator, Mapping
-from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
+from typing import Any, AsyncGenerator, AsyncIterator, cast
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -58,131 +55,43 @@ from cairn.persistence.events import Usage
 
 from .base import (
     RETRYABLE_STATUSES,
+    ConnectFailed,
+    ConnectionLost,
+    HTTPStatusError,
+    MalformedStream,
     ModelRequest,
+    NetworkError,
     ProviderError,
+    ProviderLimits,
+    ProviderTimeout,
     RawToolCall,
     ReasoningDelta,
     StreamEnd,
+    ServedWindow,
+    ServerReportedError,
     StreamItem,
     TextDelta,
+    UnsendableRequest,
     parse_json,
 )
+from .replies import (
+    error_codes,
+    error_detail,
+    is_json,
+    normalize_finish_reason,
+    one_line,
+    one_line_cut,
+    parse_retry_after,
+    parse_usage,
+    reasoning_text,
+)
+from .urls import MIN_SECRET_CHARS, endpoint_of, is_secret_name, redact_url, url_credentials
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_TIMEOUT = 120.0  # seconds to wait for the next bytes of an answer
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_MAX_TOKENS = 8192
-MIN_OUTPUT_TOKENS = 256  # a window-derived max_tokens never goes below this
-MAX_MESSAGE_CHARS = 300  # the part of an error message taken from the server
 MAX_ERROR_BODY_BYTES = 64 * 1024
-MAX_RETRY_AFTER = 60.0  # seconds; a server asking for longer is waited on for this long at most
-# URL credentials shorter than this are still hidden in URLs, but not listed in `secrets`: scrubbing every occurrence
-# of a 3-letter word from a whole session log would mangle it and protect nothing.
-MIN_SECRET_CHARS = 6
-
-FINISH_REASONS = {
-    "stop": "stop",
-    "eos": "stop",
-    "eos_token": "stop",
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "end": "stop",
-    "tool_calls": "tool_calls",
-    "function_call": "tool_calls",
-    "tool_call": "tool_calls",
-    "tool_use": "tool_calls",
-    "length": "length",
-    "max_tokens": "length",
-    "max_output_tokens": "length",
-    "model_length": "length",
-    "content_filter": "content_filter",
-    "safety": "content_filter",
-}
-
-_SECRET_NAMES = frozenset(
-    {
-        "key", "apikey", "api_key", "x_api_key", "token", "access_token", "auth", "auth_token", "refresh_token",
-        "id_token", "session_token", "sig", "signature", "password", "passwd", "pwd", "secret", "client_secret",
-        "authorization", "proxy_authorization", "cookie",
-    }
-)
-_SECRET_SUFFIXES = ("_key", "_token", "_secret", "_signature", "_password", "_sig")
-
-
-def normalize_finish_reason(value: Any) -> str | None:
-    """Map a server's word for why an answer ended onto stop | tool_calls | length | content_filter | other."""
-    if value is None or value == "":
-        return None
-    return FINISH_REASONS.get(str(value).strip().lower(), "other")
-
-
-def is_secret_name(name: str) -> bool:
-    norm = name.strip().lower().replace("-", "_")
-    return norm in _SECRET_NAMES or norm.endswith(_SECRET_SUFFIXES)
-
-
-def _url_credentials(url: str) -> list[str]:
-    """The secret strings inside `url` (userinfo parts, values of key-like query parameters), raw and decoded."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return []
-    found: list[str] = []
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rpartition("@")[0]
-        found.append(userinfo)
-        for piece in userinfo.split(":", 1):
-            found += [piece, unquote(piece)]
-    for item in parts.query.split("&"):
-        name, eq, value = item.partition("=")
-        if eq and value and is_secret_name(unquote_plus(name)):
-            found += [value, unquote_plus(value)]
-    return found
-
-
-def redact_url(url: str) -> str:
-    """`url` with its credentials (userinfo, key-like query parameters) replaced by `***`; unchanged otherwise.
-
-    Public: whoever prints a base URL (errors, `cairn show`, the TUI) calls this rather than guessing what is secret."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # not even splittable: hide everything that could be a credential
-        return "***" if "@" in url or "?" in url else url
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rpartition("@")[2]
-    query_items = []
-    for item in parts.query.split("&") if parts.query else []:
-        name, eq, value = item.partition("=")
-        if eq and value and is_secret_name(unquote_plus(name)):
-            item = f"{name}=***"
-        query_items.append(item)
-    query = "&".join(query_items)
-    if netloc == parts.netloc and query == parts.query:
-        return url  # nothing secret: keep the text byte for byte
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def endpoint_of(url: str) -> str:
-    """`url` as a session records where it was sent (SPEC §2 rev 3): userinfo and key-like query parameters removed,
-    so it can be stored, shown and used again by a resume without holding a credential."""
-    try:
-        parts = urlsplit(url)
-        host = parts.netloc.rpartition("@")[2]
-    except ValueError:
-        return ""
-    query = "&".join(item for item in parts.query.split("&") if item
-                     and not is_secret_name(unquote_plus(item.partition("=")[0])))
-    return urlunsplit((parts.scheme, host, parts.path, query, parts.fragment))
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def one_line_cut(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    text = _one_line(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _make_timeout(timeout: float | httpx.Timeout | None) -> httpx.Timeout:
@@ -198,67 +107,6 @@ def _seconds(value: float | None) -> str:
     if value is None:
         return "no limit"
     return f"{value:g}s"
-
-
-def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """Seconds the server asked us to wait (`retry-after-ms`, or `Retry-After` as seconds or an HTTP date), capped at
-    MAX_RETRY_AFTER; None when it did not ask or the value makes no sense."""
-    seconds: float | None = None
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            seconds = float(ms) / 1000.0
-        except ValueError:
-            seconds = None
-    value = headers.get("retry-after")
-    if seconds is None and value:
-        try:
-            seconds = float(value)
-        except ValueError:
-            try:
-                when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError, IndexError):
-                when = None
-            if when is not None and when.tzinfo is not None:
-                seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds is None or math.isnan(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
-
-
-def count_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def parse_usage(obj: Any) -> Usage | None:
-    """An OpenAI `usage` object as a `Usage`; counts the server did not give stay None (DeepSeek's
-    `prompt_cache_hit_tokens` stands in for `prompt_tokens_details.cached_tokens`)."""
-    if not isinstance(obj, dict):
-        return None
-    prompt_details = obj.get("prompt_tokens_details")
-    prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
-    completion_details = obj.get("completion_tokens_details")
-    completion_details = completion_details if isinstance(completion_details, dict) else {}
-    cached = count_or_none(prompt_details.get("cached_tokens"))
-    if cached is None:
-        cached = count_or_none(obj.get("prompt_cache_hit_tokens"))
-    usage = Usage(
-        input_tokens=count_or_none(obj.get("prompt_tokens")),
-        output_tokens=count_or_none(obj.get("completion_tokens")),
-        cached_tokens=cached,
-        reasoning_tokens=count_or_none(completion_details.get("reasoning_tokens")),
-    )
-    if usage == Usage():
-        return None
-    return usage
-
-
-def _reasoning_text(part: dict[str, Any]) -> str:
-    for key in ("reasoning_content", "reasoning"):
-        value = part.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return ""
 
 
 class _ToolCallSlot:
@@ -302,10 +150,8 @@ class OpenAIProvider:
         self._api_key = api_key or None
         self.timeout = _make_timeout(timeout)
         self.params: dict[str, Any] = dict(params or {})
-        self.max_tokens = max_tokens
-        self._configured_max_tokens = max_tokens or DEFAULT_MAX_TOKENS
-        self.max_tokens_explicit = False  # set by whoever built it from an explicit setting (it then wins)
-        self.served_window_source: str | None = None
+        self.max_tokens = max_tokens  # what a request sends unless it names its own (`ModelRequest.max_tokens`)
+        self.max_tokens_explicit = False  # set by whoever built it from an explicit setting (a window never lowers it)
         self.temperature = temperature
         self.top_p = top_p
         self.reasoning_effort = reasoning_effort
@@ -319,21 +165,18 @@ class OpenAIProvider:
     def __repr__(self) -> str:  # never show the key or URL credentials
         return f"OpenAIProvider(model={self.model!r}, base_url={self._shown_url!r})"
 
-    async def server_context_window(self) -> int | None:
-        """The context size a local server says it has (see `served_limits`), asked once per endpoint; None when it
-        does not say, or for a hosted endpoint (nothing is sent there for it)."""
+    async def served_window(self) -> ServedWindow | None:
+        """The context size a local server says it has, and where it said it (see `served_limits`), asked once per
+        endpoint; None when it does not say, or for a hosted endpoint (nothing is sent there for it)."""
         from .served_limits import served_context_window
 
         auth = {k: v for k, v in self._headers().items() if k.lower() not in ("content-type", "accept")}
-        found = await served_context_window(self._get_client(), self.base_url, self.model, auth)
-        self.served_window_source = found[1] if found else None
-        return found[0] if found else None
+        return await served_context_window(self._get_client(), self.base_url, self.model, auth)
 
-    def keep_output_within(self, window: int) -> None:
-        """Keep the default `max_tokens` well inside a known window (a quarter of it), so a small model that never
-        stops cannot fill the whole context; an explicitly set `max_tokens` wins (SPEC §7 rev 3)."""
-        if not self.max_tokens_explicit and self.max_tokens and window:
-            self.max_tokens = max(MIN_OUTPUT_TOKENS, min(self._configured_max_tokens, window // 4))
+    @property
+    def limits(self) -> ProviderLimits:
+        return ProviderLimits(endpoint=self.recorded_endpoint, max_tokens=self.max_tokens,
+                              max_tokens_set=self.max_tokens_explicit)
 
     @property
     def recorded_endpoint(self) -> str:
@@ -363,7 +206,7 @@ class OpenAIProvider:
         """Every secret string this provider holds (the key, URL credentials, values of auth-like extra headers), for
         the session's scrubber. Longest first, so a scrubber replacing in order never leaves part of one behind."""
         found: list[str] = [self._api_key] if self._api_key else []
-        found += [v for v in _url_credentials(self.base_url) if len(v) >= MIN_SECRET_CHARS]
+        found += [v for v in url_credentials(self.base_url) if len(v) >= MIN_SECRET_CHARS]
         for name, value in self.extra_headers.items():
             if is_secret_name(name) or "key" in name.lower() or "token" in name.lower():
                 value = str(value)
@@ -382,14 +225,14 @@ class OpenAIProvider:
         return text
 
     def _error(
-        self, message: str, code: str, retryable: bool = False, retry_after: float | None = None,
-        server_codes: tuple[str, ...] = (),
+        self, kind: type[ProviderError], message: str, code: str | None = None, retryable: bool = False,
+        retry_after: float | None = None, server_codes: tuple[str, ...] = (),
     ) -> ProviderError:
-        return ProviderError(self._scrub(_one_line(message)), code=code, retryable=retryable, retry_after=retry_after,
-                             server_codes=tuple(self._scrub(c) for c in server_codes))
+        return kind(self._scrub(one_line(message)), code=code, retryable=retryable, retry_after=retry_after,
+                    server_codes=tuple(self._scrub(c) for c in server_codes))
 
     def _malformed(self, detail: str) -> ProviderError:
-        return self._error(f"malformed stream from {self._shown_url}: {detail}", "MALFORMED_STREAM")
+        return self._error(MalformedStream, f"malformed stream from {self._shown_url}: {detail}")
 
     def _headers(self) -> dict[str, str]:
         headers = {
@@ -408,7 +251,7 @@ class OpenAIProvider:
         """The JSON body sent for `request` (see the module docstring for what wins over what)."""
         body: dict[str, Any] = {}
         for name, value in (
-            ("max_tokens", self.max_tokens),
+            ("max_tokens", self.max_tokens if request.max_tokens is None else request.max_tokens),
             ("temperature", self.temperature),
             ("top_p", self.top_p),
             ("reasoning_effort", self.reasoning_effort),
@@ -463,7 +306,7 @@ class OpenAIProvider:
         try:
             payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError) as exc:
-            raise self._error(f"request is not JSON-serializable: {exc}", "BAD_REQUEST") from None
+            raise self._error(UnsendableRequest, f"request is not JSON-serializable: {exc}") from None
         client = self._get_client()
         state = _StreamState()
         try:
@@ -484,19 +327,19 @@ class OpenAIProvider:
             raise self._timeout_error(exc, state) from None
         except httpx.ConnectError as exc:
             raise self._error(
-                f"cannot reach {self._shown_url}: {str(exc) or type(exc).__name__}", "CONNECT", retryable=True
+                ConnectFailed, f"cannot reach {self._shown_url}: {str(exc) or type(exc).__name__}", retryable=True
             ) from None
         except httpx.RemoteProtocolError as exc:
             where = "mid-stream" if state.started else "before answering"
             raise self._error(
+                ConnectionLost,
                 f"{self._shown_url} closed the connection {where}: {str(exc) or type(exc).__name__}",
-                "CONNECTION_LOST",
                 retryable=not state.started,
             ) from None
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise self._error(
+                NetworkError,
                 f"request to {self._shown_url} failed: {type(exc).__name__}: {exc}",
-                "NETWORK",
                 retryable=isinstance(exc, httpx.NetworkError) and not state.started,
             ) from None
 
@@ -513,7 +356,7 @@ class OpenAIProvider:
             where = "in the middle of the answer" if state.started else "for an answer"
             what = f"timed out after {_seconds(t.read)} waiting {where} from {url} (read timeout)"
         return self._error(
-            f"{what}; a longer limit can be set with CAIRN_TIMEOUT", "TIMEOUT", retryable=not state.started
+            ProviderTimeout, f"{what}; a longer limit can be set with CAIRN_TIMEOUT", retryable=not state.started
         )
 
     async def _http_error(self, response: httpx.Response) -> ProviderError:
@@ -533,6 +376,7 @@ class OpenAIProvider:
         if detail:
             message += f": {one_line_cut(self._scrub(detail))}"
         return self._error(
+            HTTPStatusError,
             message,
             f"HTTP_{status}",
             retryable=status in RETRYABLE_STATUSES,
@@ -540,7 +384,7 @@ class OpenAIProvider:
             server_codes=error_codes(text),
         )
 
-    async def _non_streaming(self, response: httpx.Response, state: "_StreamState") -> AsyncIterator[StreamItem]:
+    async def _non_streaming(self, response: httpx.Response, state: "_StreamState") -> AsyncGenerator[StreamItem, None]:
         raw = await response.aread()
         if raw.lstrip().startswith(b"data:"):  # an event stream mislabelled as JSON
             for item in await _collect(self._sse(_aiter(raw.decode("utf-8", "replace").splitlines()), state)):
@@ -562,7 +406,7 @@ class OpenAIProvider:
         if not isinstance(message, dict):
             raise self._malformed("the answer's message is not an object")
         state.started = True
-        reasoning = _reasoning_text(message)
+        reasoning = reasoning_text(message)
         if reasoning:
             yield ReasoningDelta(reasoning)
         content = message.get("content")
@@ -573,12 +417,12 @@ class OpenAIProvider:
         state.usage = parse_usage(data.get("usage")) or state.usage
         yield state.end()
 
-    async def _sse(self, lines: AsyncIterator[str], state: "_StreamState") -> AsyncIterator[StreamItem]:
-        async with aclosing(lines):
+    async def _sse(self, lines: AsyncIterator[str], state: "_StreamState") -> AsyncGenerator[StreamItem, None]:
+        async with aclosing(cast(AsyncGenerator[str, None], lines)):  # (httpx's aiter_lines is an async generator)
             async for item in self._sse_events(lines, state):
                 yield item
 
-    async def _sse_events(self, lines: AsyncIterator[str], state: "_StreamState") -> AsyncIterator[StreamItem]:
+    async def _sse_events(self, lines: AsyncIterator[str], state: "_StreamState") -> AsyncGenerator[StreamItem, None]:
         data_lines: list[str] = []
         done = False
         async for line in lines:
@@ -601,7 +445,7 @@ class OpenAIProvider:
             if field == "data":
                 if data_lines:
                     pending = "\n".join(data_lines)
-                    if _is_json(pending):  # a server that omits the blank line between events
+                    if is_json(pending):  # a server that omits the blank line between events
                         data_lines = []
                         for item in self._handle_event(pending, state):
                             yield item
@@ -649,7 +493,7 @@ class OpenAIProvider:
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
                 raise self._malformed("delta is not an object")
-            reasoning = _reasoning_text(delta)
+            reasoning = reasoning_text(delta)
             if reasoning:
                 out.append(ReasoningDelta(reasoning))
             content = delta.get("content")
@@ -674,8 +518,8 @@ class OpenAIProvider:
             except (TypeError, ValueError):
                 status = None
             raise self._error(
+                ServerReportedError,
                 f"{self._shown_url} reported an error: {one_line_cut(self._scrub(detail))}",
-                "STREAM_ERROR",
                 retryable=status in RETRYABLE_STATUSES and not state.started,
                 server_codes=error_codes(body),
             )
@@ -739,14 +583,6 @@ class _StreamState:
         return StreamEnd(tool_calls=calls, finish_reason=self.finish_reason, usage=self.usage)
 
 
-def _is_json(text: str) -> bool:
-    try:
-        parse_json(text)
-    except ValueError:
-        return False
-    return True
-
-
 async def _aiter(items: list[str]) -> AsyncIterator[str]:
     for item in items:
         yield item
@@ -754,43 +590,3 @@ async def _aiter(items: list[str]) -> AsyncIterator[str]:
 
 async def _collect(items: AsyncIterator[StreamItem]) -> list[StreamItem]:
     return [item async for item in items]
-
-
-def error_codes(text: str) -> tuple[str, ...]:
-    """The identifiers an error body gives beside its message: the `code` and `type` that are words (OpenAI's
-    `"code": "context_length_exceeded"`, llama.cpp's `"type": "exceed_context_size_error"`), not numbers."""
-    try:
-        data = parse_json(text)
-    except ValueError:
-        return ()
-    if not isinstance(data, dict):
-        return ()
-    inner = data.get("error")
-    error: dict[str, Any] = inner if isinstance(inner, dict) else data
-    return tuple(v[:200] for v in (error.get("code"), error.get("type")) if isinstance(v, str) and v)
-
-
-def error_detail(text: str) -> str:
-    """The server's error message from an error body (`error.message`, `error` as text, `message`, `detail`), or the
-    body's text itself."""
-    text = text.strip()
-    if not text:
-        return ""
-    try:
-        data = parse_json(text)
-    except ValueError:
-        return text
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict):
-            message = error.get("message")
-            if isinstance(message, str) and message:
-                return message
-            return json.dumps(error, ensure_ascii=False)
-        if isinstance(error, str) and error:
-            return error
-        for key in ("message", "detail"):
-            value = data.get(key)
-            if isinstance(value, str) and value:
-                return value
-    return text

@@ -20,7 +20,7 @@ import anyio
 
 from cairn.persistence.events import Usage
 
-from .base import ModelRequest, RawToolCall, ReasoningDelta, StreamEnd, StreamItem, TextDelta
+from .base import ModelRequest, NoServer, RawToolCall, ReasoningDelta, StreamEnd, StreamItem, TextDelta
 
 EXHAUSTED_TEXT = "(The script has no more responses.)"
 FINISH_REASONS = ("stop", "tool_calls", "length", "content_filter", "other")
@@ -91,7 +91,7 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
     return responses
 
 
-class ScriptProvider:
+class ScriptProvider(NoServer):
     name = "script"
 
     def __init__(self, path: str | Path, model: str | None = None) -> None:
@@ -103,7 +103,7 @@ class ScriptProvider:
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
         index = self.requests_served
         self.requests_served += 1
-        entry = self.responses[index] if index < len(self.responses) else {"text": EXHAUSTED_TEXT}
+        entry: dict[str, Any] = self.responses[index] if index < len(self.responses) else {"text": EXHAUSTED_TEXT}
         delay = entry.get("delay_ms", 0) / 1000
         if entry.get("reasoning"):
             yield ReasoningDelta(entry["reasoning"])

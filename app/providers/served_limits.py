@@ -66,8 +66,8 @@ def window_from_ollama_show(payload: Any) -> int | None:
                 return _tokens(int(value.strip()))
     info = payload.get("model_info")
     if isinstance(info, dict):
-        trained = [_tokens(v) for k, v in info.items() if isinstance(k, str) and k.endswith(".context_length")]
-        trained = [t for t in trained if t]
+        found = [_tokens(v) for k, v in info.items() if isinstance(k, str) and k.endswith(".context_length")]
+        trained = [t for t in found if t is not None]
         if trained:
             return min(trained[0], OLLAMA_DEFAULT_CTX)
     return None
