@@ -9,7 +9,6 @@ or format unsupported, 130 cancelled.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, NoReturn, Sequence
 
@@ -58,8 +57,8 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(fail(f"{command + ': ' if command else ''}{message} (see `{self.prog} --help`)", EXIT_USAGE))
 
 
-def common_options(default: Any = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, argument_default=default)
+def common_options(default: Any = None) -> OneLineParser:
+    p = OneLineParser(add_help=False, argument_default=default)
     g = p.add_argument_group("common options")
     g.add_argument("--home", metavar="DIR", help="session storage directory (= CAIRN_HOME)")
     g.add_argument("--backend", choices=["jsonl", "sqlite", "postgres"],
@@ -151,63 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(e), code)
 
 
-def collect_before_images(store: Any) -> None:
-    """After `cairn rm`: remove the before-images no remaining session names (SPEC §9 rev 3). A session that cannot be
-    read keeps everything (its needs are unknown)."""
-    from cairn.persistence.blobs import blob_store_for, names_needed
-    from cairn.persistence.errors import PersistenceError
-    from cairn.persistence.events import WorkspaceMoved, WorkspaceSnapshot
-
-    needed: set[str] = set()
-    trees: dict[str, set[str]] = {}  # workspace -> the snapshot trees its remaining sessions name
-    sessions: dict[str, set[str]] = {}  # workspace -> its remaining sessions (a moved one: each place it worked in)
-    try:
-        for session_id in store.backend.list_ids():
-            log = store.backend.load(session_id)
-            needed |= names_needed(log.events)
-            where = log.header.cwd
-            sessions.setdefault(where, set()).add(session_id)
-            for e in log.events:
-                if isinstance(e, WorkspaceMoved):
-                    where = e.to
-                    sessions.setdefault(where, set()).add(session_id)
-                elif isinstance(e, WorkspaceSnapshot):  # its tree and the manifest of what it left out
-                    trees.setdefault(where, set()).update(x for x in (e.tree, e.manifest) if x)
-    except (PersistenceError, OSError):
-        return
-    blobs = blob_store_for(store.backend)
-    try:
-        blobs.collect(needed)
-    finally:
-        blobs.close()
-    prune_snapshots(store.home, trees, sessions)
-
-
-def prune_snapshots(home: Any, trees: dict[str, set[str]], sessions: dict[str, set[str]]) -> None:
-    """Each shadow repository keeps only the trees its workspace's remaining sessions name (SPEC §9 rev 3)."""
-    import shutil
-    from pathlib import Path
-
-    from .agent.snapshots import ShadowRepo, SnapshotUnavailable, git_path
-
-    root = Path(home) / "snapshots"
-    if git_path() is None or not root.is_dir():
-        return
-    known = {ShadowRepo(Path(home), Path(cwd)).git_dir: cwd for cwd in set(trees) | set(sessions)}
-    for git_dir in root.glob("*.git"):
-        cwd = known.get(git_dir)
-        for index in git_dir.glob("index-*"):
-            if cwd is None or index.name.removeprefix("index-").removesuffix(".lock") not in sessions.get(cwd, ()):
-                index.unlink(missing_ok=True)
-        if cwd is None:  # no session of that workspace remains
-            shutil.rmtree(git_dir, ignore_errors=True)
-            continue
-        try:
-            ShadowRepo(Path(home), Path(cwd)).keep_only(trees.get(cwd, set()))
-        except SnapshotUnavailable:
-            continue
-
-
 def open_store(config: Any):  # -> SessionStore; without importing the agent (fast start-up)
     from cairn.persistence.store import SessionStore
 
@@ -232,18 +174,19 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return run_command(args, config_from(args))
     if command == "sessions":
-        return sessions_command(args, config_from(args, runs_model=False))
+        from .commands.sessions import sessions_command
+
+        config = config_from(args, runs_model=False)
+        return sessions_command(args, config, open_store(config))
     if command == "show":
-        return show_command(args, config_from(args, runs_model=False))
+        from .commands.sessions import show_command
+
+        return show_command(args, open_store(config_from(args, runs_model=False)))
     if command in ("rm", "export"):
         from .commands.housekeeping import export_command, rm_command
 
         store = open_store(config_from(args, runs_model=False))
-        if command == "export":
-            return export_command(args, store)
-        code = rm_command(args, store)
-        collect_before_images(store)
-        return code
+        return export_command(args, store) if command == "export" else rm_command(args, store)
     if command in ("rewind", "fork"):
         from .commands.rewind import fork_command, rewind_command
 
@@ -350,7 +293,7 @@ def tui_open_for(config: Any, opened: Any, may_move: bool = True) -> tuple[Any, 
     from cairn.persistence.store import move_workspace
 
     from .config.checks import ConfigError
-    from .config.resolver import config_for_session, resumed_workspace
+    from .config.resumed import config_for_session, resumed_workspace
 
     try:
         config = resumed_workspace(config, opened.header, opened.events, may_move=may_move)
@@ -374,84 +317,9 @@ def tui_open_for(config: Any, opened: Any, may_move: bool = True) -> tuple[Any, 
 
 def build_provider(config: Any) -> Any:
     """The configured provider (configuration errors raise ConfigError: exit 2)."""
-    from .config.resolver import make_provider
+    from .config.provider import make_provider
 
     return make_provider(config)
-
-
-def check_provider(config: Any) -> None:
-    """Build the provider once to surface configuration errors (exit 2), then let it go."""
-    import anyio
-
-    from .config.resolver import make_provider
-
-    provider = make_provider(config)
-    anyio.run(provider.aclose)
-
-
-def sessions_command(args: argparse.Namespace, config: Any) -> int:
-    import msgspec
-
-    from cairn.widgets.terminal_text import safe_json, safe_text
-
-    from .render import first_line, format_time, human_size
-
-    store = open_store(config)
-    summaries = store.list_sessions()
-    if not getattr(args, "all", False):  # this workspace's sessions; unreadable ones (cwd unknown) always show
-        here = os.path.realpath(config.workspace)
-        summaries = [s for s in summaries if s.status == "unreadable" or os.path.realpath(s.cwd or "/") == here]
-    if args.json:
-        for s in summaries:
-            sys.stdout.buffer.write(safe_json(msgspec.json.encode(msgspec.to_builtins(s))) + b"\n")
-        sys.stdout.flush()
-        return EXIT_OK
-    if not summaries:
-        where = "" if getattr(args, "all", False) else " for this directory (cairn sessions --all lists every one)"
-        print(f"no sessions yet under {safe_text(str(config.home))}{where}", file=sys.stderr)
-        return EXIT_OK
-    rows = [("ID", "STATUS", "EVENTS", "SIZE", "UPDATED", "CWD", "FIRST PROMPT")]
-    for s in summaries:
-        what = s.first_prompt if s.status != "unreadable" else f"({s.reason})"
-        size = human_size(s.size) if s.size is not None else "?"
-        status = f"{s.status} (rewind pending)" if s.rewind_pending else s.status
-        row = (s.id, status, str(s.events), size, format_time(s.updated), s.cwd, first_line(what, 50))
-        rows.append(tuple(safe_text(cell) for cell in row))
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    for r in rows:
-        print("  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
-    return EXIT_OK
-
-
-def show_command(args: argparse.Namespace, config: Any) -> int:
-    from cairn.persistence.events import encode_event
-    from cairn.widgets.terminal_text import safe_json, safe_text
-
-    from .render import render_session
-
-    inspection = open_store(config).inspect(args.session_id)
-    if inspection.live_pid is not None:
-        who = f"process {inspection.live_pid}" if inspection.live_pid else "another process"
-        print(f"cairn: session {args.session_id} is live in {who}; showing it as it stands on disk", file=sys.stderr)
-    if inspection.torn_bytes:
-        print(f"cairn: {inspection.torn_bytes} bytes of a torn last line are not shown", file=sys.stderr)
-    events = inspection.events + inspection.repair
-    from cairn.persistence.store import rewind_pending
-
-    if rewind_pending(events):  # SPEC §10: an interrupted rewind blocks everything else; every face says so
-        from .agent.rewind import pending_rewind, pending_text
-
-        found = pending_rewind(events)
-        assert found is not None
-        print(safe_text(f"cairn: {pending_text(*found, args.session_id)}"), file=sys.stderr)
-    if args.json:
-        out = sys.stdout.buffer
-        for e in events:
-            out.write(safe_json(encode_event(e)) + b"\n")
-        out.flush()
-        return EXIT_OK
-    print(safe_text(render_session(events, repair_from=len(inspection.events) if inspection.repair else None)))
-    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,1 +1,2 @@
-"""Small commands that read or tidy sessions and settings: `rm` and `export` (`housekeeping`), `cairn config`."""
+"""Small commands that read or tidy sessions and settings: `sessions` and `show` (`sessions`), `rm` and `export`
+(`housekeeping`), `rewind` and `fork`, `cairn config`."""

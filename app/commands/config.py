@@ -11,21 +11,13 @@ from typing import Any
 
 from cairn.widgets.terminal_text import safe_json, safe_text
 
-from ..config.resolver import (
-    DEFAULT_ANTHROPIC_MODEL,
-    DEFAULT_OPENAI_MODEL,
-    Config,
-    default_config_path,
-    describe_database_url,
-)
+from ..config.checks import describe_database_url
+from ..config.settings import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL, Config, default_config_path
 from ..exit_codes import EXIT_OK
 from ..render import shown_model
 
 DEFAULT_MODELS = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC_MODEL}
 DEFAULT_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
-REMOTE_ONLY = ("base_url", "api_key", "api_key_env", "api_key_header", "headers", "extra_body", "tool_choice",
-               "parallel_tool_calls", "include_usage", "thinking_budget", "reasoning_effort", "temperature", "top_p",
-               "max_tokens", "timeout", "max_retries", "context_window", "transcript")
 
 
 def settings(config: Config) -> list[tuple[str, Any, str]]:
@@ -73,7 +65,7 @@ def settings(config: Config) -> list[tuple[str, Any, str]]:
         ("headers", headers or None), ("extra_body", config.extra_body or None),
     ):
         rows.append((name, value, src.get(name, "default")))
-    rows.append(("context_window", *context_window_row(config, model, url)))
+    rows.append(("context_window", *context_window_row(config, model or DEFAULT_MODELS[config.provider], url)))
     rows.append(("transcript", config.transcript, src.get("transcript", "default")))
     return rows
 

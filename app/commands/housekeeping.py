@@ -1,14 +1,17 @@
 """`cairn rm` and `cairn export`: sessions that end well, not only accumulate (SPEC §6 rev 2).
 
 `rm` deletes finished sessions and refuses a live one (exit 3), taking the same lock a writer takes, so it can never
-pull a log from under a running turn. `export` writes a session as repair would leave it, without writing to it: a
-readable Markdown transcript with recovered calls and operator verdicts marked, or the events as JSON lines.
+pull a log from under a running turn; then it collects what no remaining session names (the before-images in the blob
+store, the trees of the workspace snapshots). `export` writes a session as repair would leave it, without writing to
+it: a readable Markdown transcript with recovered calls and operator verdicts marked, or the events as JSON lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 from cairn.persistence.events import (
@@ -26,6 +29,8 @@ from cairn.persistence.events import (
     TurnEnd,
     TurnStart,
     UserMessage,
+    WorkspaceMoved,
+    WorkspaceSnapshot,
     encode_event,
 )
 from cairn.widgets.terminal_text import safe_json, safe_text
@@ -51,7 +56,61 @@ def rm_command(args: argparse.Namespace, store: Any) -> int:
             worst = max(worst, fail(str(e), exit_code_for(e) or 1))
         else:
             print(f"deleted {safe_text(session_id)}")
+    collect_before_images(store)
     return worst
+
+
+def collect_before_images(store: Any) -> None:
+    """After `cairn rm`: remove the before-images no remaining session names (SPEC §9 rev 3). A session that cannot be
+    read keeps everything (its needs are unknown)."""
+    from cairn.persistence.blobs import blob_store_for, names_needed
+    from cairn.persistence.errors import PersistenceError
+
+    needed: set[str] = set()
+    trees: dict[str, set[str]] = {}  # workspace -> the snapshot trees its remaining sessions name
+    sessions: dict[str, set[str]] = {}  # workspace -> its remaining sessions (a moved one: each place it worked in)
+    try:
+        for session_id in store.backend.list_ids():
+            log = store.backend.load(session_id)
+            needed |= names_needed(log.events)
+            where = log.header.cwd
+            sessions.setdefault(where, set()).add(session_id)
+            for e in log.events:
+                if isinstance(e, WorkspaceMoved):
+                    where = e.to
+                    sessions.setdefault(where, set()).add(session_id)
+                elif isinstance(e, WorkspaceSnapshot):  # its tree and the manifest of what it left out
+                    trees.setdefault(where, set()).update(x for x in (e.tree, e.manifest) if x)
+    except (PersistenceError, OSError):
+        return
+    blobs = blob_store_for(store.backend)
+    try:
+        blobs.collect(needed)
+    finally:
+        blobs.close()
+    prune_snapshots(store.home, trees, sessions)
+
+
+def prune_snapshots(home: str | Path, trees: dict[str, set[str]], sessions: dict[str, set[str]]) -> None:
+    """Each shadow repository keeps only the trees its workspace's remaining sessions name (SPEC §9 rev 3)."""
+    from ..agent.snapshots import ShadowRepo, SnapshotUnavailable, git_path
+
+    root = Path(home) / "snapshots"
+    if git_path() is None or not root.is_dir():
+        return
+    known = {ShadowRepo(Path(home), Path(cwd)).git_dir: cwd for cwd in set(trees) | set(sessions)}
+    for git_dir in root.glob("*.git"):
+        cwd = known.get(git_dir)
+        for index in git_dir.glob("index-*"):
+            if cwd is None or index.name.removeprefix("index-").removesuffix(".lock") not in sessions.get(cwd, ()):
+                index.unlink(missing_ok=True)
+        if cwd is None:  # no session of that workspace remains
+            shutil.rmtree(git_dir, ignore_errors=True)
+            continue
+        try:
+            ShadowRepo(Path(home), Path(cwd)).keep_only(trees.get(cwd, set()))
+        except SnapshotUnavailable:
+            continue
 
 
 def export_command(args: argparse.Namespace, store: Any) -> int:

@@ -19,7 +19,6 @@ This module reads no environment and imports nothing heavy; `resolver.py` decide
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from pathlib import Path
@@ -28,9 +27,9 @@ from typing import Any, Callable
 import msgspec
 
 from .checks import ConfigError, check_base_url, nested_deeper_than, read_regular_file
+from .values import boolean, did_you_mean, env_name, header_table, non_empty_text
 
 PROVIDER_NAMES = ("openai", "anthropic", "demo", "script")
-SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"})
 KEY_HEADERS = ("authorization", "api-key", "x-api-key")  # where a profile may ask the key to be sent
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 32  # levels of arrays/tables a config file may nest (headers and extra_body are the deepest settings)
@@ -49,7 +48,7 @@ class ConfigFile(msgspec.Struct):
     path: Path
     default_profile: str | None = None
     profiles: dict[str, Profile] = msgspec.field(default_factory=dict)
-    mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)  # NAME -> tools.mcp.McpServerConfig
+    mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)  # NAME -> mcp_servers.McpServerConfig
 
     def profile(self, name: str, how: str) -> Profile:
         """The profile called `name`; `how` says who asked for it (for the error)."""
@@ -61,12 +60,6 @@ class ConfigFile(msgspec.Struct):
 
 
 # ---------------------------------------------------------------------------------------------------- value checks
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("must be a non-empty string")
-    return value
 
 
 def _choice(*choices: str) -> Callable[[Any], str]:
@@ -98,21 +91,9 @@ def _number(low: float, high: float | None = None) -> Callable[[Any], float]:
     return check
 
 
-def _boolean(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("must be true or false")
-    return value
-
-
 def _word(value: Any) -> str:
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", value):
         raise ValueError("must be a single word such as low, medium or high")
-    return value
-
-
-def _env_name(value: Any) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", value):
-        raise ValueError("must be the name of an environment variable, e.g. \"DEEPSEEK_API_KEY\"")
     return value
 
 
@@ -130,7 +111,7 @@ def _database_url(value: Any) -> str:
     """A libpq URL or key=value string, without a password: the file gets shared and committed (like a key)."""
     from urllib.parse import parse_qs, urlsplit
 
-    text = _text(value)
+    text = non_empty_text(value)
     if "://" in text:
         if not text.startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL, e.g. \"postgresql://cairn@db.example:5432/cairn\"")
@@ -149,20 +130,6 @@ def _database_url(value: Any) -> str:
     return text
 
 
-def _headers(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ValueError("must be a table of header names to string values, e.g. { \"X-Title\" = \"cairn\" }")
-    for name in value:
-        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
-            raise ValueError(f"has a header name that is not valid: {name[:40]!r}")
-        if name.lower() in SECRET_HEADERS:
-            raise ValueError(
-                f"must not carry {name}: keys are never read from the config file (it gets shared and committed); "
-                "name the variable that holds the key with api_key_env (and api_key_header for where it goes)"
-            )
-    return dict(value)
-
-
 def _table(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("must be a table, e.g. { top_k = 20 }")
@@ -175,13 +142,20 @@ def _tool_choice(value: Any) -> str | dict[str, Any]:
     return _choice("auto", "none", "required")(value)
 
 
+_env_name = env_name("DEEPSEEK_API_KEY")
+_headers = header_table(
+    "\"X-Title\" = \"cairn\"",
+    "keys are never read from the config file (it gets shared and committed); name the variable that holds the key "
+    "with api_key_env (and api_key_header for where it goes)",
+)
+
 PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {
     "provider": _choice(*PROVIDER_NAMES),
     "base_url": _url,
     "api_key_env": _env_name,
     "api_key_header": _choice(*KEY_HEADERS),
-    "model": _text,
-    "script": _text,
+    "model": non_empty_text,
+    "script": non_empty_text,
     "max_tokens": _integer(1),
     "context_window": _integer(1),
     "temperature": _number(0.0, 2.0),
@@ -189,8 +163,8 @@ PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {
     "reasoning_effort": _word,
     "thinking_budget": _integer(1024),
     "tool_choice": _tool_choice,
-    "parallel_tool_calls": _boolean,
-    "include_usage": _boolean,
+    "parallel_tool_calls": boolean,
+    "include_usage": boolean,
     # "text": send tool calls and results as alternating text from the start (servers whose template has no tool role)
     "transcript": _choice("messages", "text"),
     # workspace snapshots in a shadow git repository for rewind (SPEC §9 rev 3): "auto" where git is installed, or "off"
@@ -245,7 +219,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> ConfigFile
     for key in data:
         if key not in TOP_KEYS:
             hint = "; profile settings go under [profiles.NAME]" if key in PROFILE_KEYS or key in REFUSED_KEYS else ""
-            raise ConfigFileError(where.error([key], "unknown setting" + (hint or _did_you_mean(key, TOP_KEYS))))
+            raise ConfigFileError(where.error([key], "unknown setting" + (hint or did_you_mean(key, TOP_KEYS))))
     result = ConfigFile(path)
     profiles = data.get("profiles", {})
     if not isinstance(profiles, dict):
@@ -260,7 +234,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> ConfigFile
                 raise ConfigFileError(where.error(keys, REFUSED_KEYS[key.lower()]))
             check = PROFILE_KEYS.get(key)
             if check is None:
-                raise ConfigFileError(where.error(keys, "unknown setting" + _did_you_mean(key, PROFILE_KEYS)))
+                raise ConfigFileError(where.error(keys, "unknown setting" + did_you_mean(key, PROFILE_KEYS)))
             try:
                 settings[key] = check(value)
             except ValueError as e:
@@ -270,7 +244,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> ConfigFile
     if not isinstance(servers, dict):
         raise ConfigFileError(where.error(["mcp_servers"], "must be a table of [mcp_servers.NAME] sections"))
     if servers:
-        from ..tools.mcp import McpConfigError, parse_server_table
+        from .mcp_servers import McpConfigError, parse_server_table  # (only when there are servers to read)
 
         for name, body in servers.items():
             try:
@@ -287,11 +261,6 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> ConfigFile
             raise ConfigFileError(where.error(["default_profile"], f"names no profile of this file (profiles: {known})"))
         result.default_profile = default
     return result
-
-
-def _did_you_mean(key: str, known: Any) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else f"; known settings: {', '.join(known)}"
 
 
 class _Locator:

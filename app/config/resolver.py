@@ -6,10 +6,13 @@ model parameters, timeouts) are validated only when `runs_model` is true, so `ca
 whatever the provider configuration says; whether the chosen provider can actually be built (a script file, an API key
 for a hosted endpoint) is checked by `make_provider`, which runs after a resumed session's own provider is known.
 
-An API key is read here and handed only to the provider; it is never put in the config's printable form, an event, or a
-file. Nor does a tool see it (SPEC §10 rev 4): every key variable named here (each profile's `api_key_env` too) and
-every secret value learned here (the key, the database URL and its password, credentials in a base URL) is passed to
-`tools.command.withhold`, which keeps them out of `run_command`'s environment.
+An API key is read (`settings.with_api_key`) and handed only to the provider; it is never put in the config's printable
+form, an event, or a file. Nor does a tool see it (SPEC §10 rev 4): every key variable named here (each profile's
+`api_key_env` too) and every secret value learned here (the key, the database URL and its password, credentials in a
+base URL) is passed to `tools.command.withhold`, which keeps them out of `run_command`'s environment.
+
+The rest of the room is split by job: `settings` (Config and its defaults), `resumed` (a resumed session's config),
+`provider` (building the provider); their names callers use are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,83 +21,36 @@ import dataclasses
 import math
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 from cairn.persistence.store import BACKENDS
 
-from .checks import ConfigError, check_base_url, check_database_url, describe_database_url, is_local_url
-
-PROVIDERS = ("demo", "script", "openai", "anthropic")
-DEFAULT_MAX_TOKENS = 8192
-DEFAULT_MAX_RETRIES = 4
-DEFAULT_TIMEOUT = 120.0
-DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
-DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
-# where each provider looks for its key when neither CAIRN_API_KEY nor the profile's api_key_env gives one
-PROVIDER_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-# settings a profile gives that only make sense for that profile's provider and endpoint: a resumed session that
-# continues with another provider does not take them
-ENDPOINT_SETTINGS = ("base_url", "api_key_env", "api_key_header", "headers", "extra_body", "tool_choice",
-                     "parallel_tool_calls", "reasoning_effort", "thinking_budget", "include_usage", "transcript")
-
-
-def default_home() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("cairn", appauthor=False))
-
-
-def default_config_path() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("cairn", appauthor=False)) / "config.toml"
-
-
-@dataclass
-class Config:
-    home: Path
-    backend: str
-    provider: str
-    model: str | None
-    script: str | None
-    workspace: Path
-    base_url: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    # postgres backend: a libpq URL; it may hold a password, so it is never printed (describe_database_url)
-    database_url: str | None = field(default=None, repr=False)
-    timeout: float = DEFAULT_TIMEOUT  # seconds; 0 = no limit on waiting for the answer
-    demo_delay: float = 0.02
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    max_retries: int = DEFAULT_MAX_RETRIES
-    temperature: float | None = None
-    top_p: float | None = None
-    reasoning_effort: str | None = None
-    # whether provider / model were chosen by an option or variable (or a profile chosen by one): a resumed session
-    # keeps its own otherwise
-    provider_explicit: bool = False
-    model_explicit: bool = False
-    base_url_explicit: bool = False  # the operator named the server (option, variable, or a profile chosen by one)
-    # rev 2: the config file and the profile these settings came from, and the profile-only settings
-    config_file: Path | None = None
-    profile: str | None = None
-    api_key_env: str | None = None  # the variable the key was (or would have been) read from
-    api_key_header: str | None = None  # authorization (Bearer, default) | api-key (Azure) | x-api-key
-    headers: dict[str, str] = field(default_factory=dict)
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    include_usage: bool = True
-    context_window: int | None = None
-    thinking_budget: int | None = None
-    transcript: str = "messages"  # "text": tool calls and results written as text (SPEC §7 rev 3, text form)
-    snapshots: str = "auto"  # workspace snapshots for rewind (SPEC §9 rev 3): "auto" (where git is) or "off"
-    # MCP servers this session starts (config file `[mcp_servers.NAME]`, plus an editor's in ACP): tools.mcp configs
-    mcp_servers: tuple[Any, ...] = ()
-    # setting -> where its value came from: "flag --model", "env CAIRN_MODEL", "profile NAME", "default"
-    sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
-    env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+from .checks import ConfigError, check_base_url, check_database_url
+from .provider import (  # noqa: F401 (re-exported: callers name the config room's parts from here)
+    database_secrets,
+    make_provider,
+    provider_secrets,
+)
+from .resumed import (  # noqa: F401 (re-exported, as above)
+    RESUMED_WORKSPACE,
+    config_for_session,
+    last_request_header,
+    resumed_workspace,
+)
+from .settings import (  # noqa: F401 (re-exported, as above)
+    DEFAULT_ANTHROPIC_MODEL,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_OPENAI_MODEL,
+    DEFAULT_TIMEOUT,
+    PROVIDERS,
+    Config,
+    default_config_path,
+    default_home,
+    with_api_key,
+    withhold_from_tools,
+)
 
 
 def resolve_config(
@@ -212,36 +168,6 @@ def resolve_config(
     return with_api_key(config, api_key)
 
 
-def with_api_key(config: Config, option: str | None = None) -> Config:
-    """Read the key for `config.provider`: the option (API argument), else CAIRN_API_KEY, else the profile's
-    `api_key_env`, else the provider's own variable (OPENAI_API_KEY, ANTHROPIC_API_KEY)."""
-    env = config.env
-    default_variable = PROVIDER_KEY_VARIABLES.get(config.provider)
-    if option:
-        key, variable, source = option, config.api_key_env or default_variable, "option api_key"
-    elif env.get("CAIRN_API_KEY"):
-        key, variable, source = env["CAIRN_API_KEY"], "CAIRN_API_KEY", "env CAIRN_API_KEY"
-    elif config.api_key_env:
-        variable = config.api_key_env
-        key, source = env.get(variable) or None, f"env {variable} ({config.sources.get('api_key_env', 'profile')})"
-    elif default_variable:
-        variable = default_variable
-        key, source = env.get(variable) or None, f"env {variable}"
-    else:
-        key, variable, source = None, None, "not used"
-    config.sources["api_key"] = source if key or source == "not used" else f"{source}: not set"
-    withhold_from_tools([config.api_key_env, variable], [key])
-    return dataclasses.replace(config, api_key=key or None, api_key_env=variable)
-
-
-def withhold_from_tools(names: Iterable[str | None], values: Iterable[str | None] = ()) -> None:
-    """Key variables and secret values no tool may inherit (see the module docstring). Imported here, not at the
-    top: commands that run no model (`show`, `sessions`) never load the tools."""
-    from ..tools.command import withhold
-
-    withhold(names, values)
-
-
 class _Picker:
     """One setting's value by precedence (option, variable, profile, default), noting where it came from."""
 
@@ -257,7 +183,7 @@ class _Picker:
             self.sources[name] = f"flag {flag}" if flag else "option"
             return parse(option, flag) if parse else option
         raw = self.env.get(variable) if variable else None
-        if raw is not None and raw.strip() != "":
+        if variable and raw is not None and raw.strip() != "":
             self.sources[name] = f"env {variable}"
             return parse(raw, variable) if parse else raw
         if name in self.settings:
@@ -372,238 +298,3 @@ def _parse_word(raw: Any, name: str) -> str:
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", raw):
         raise ConfigError(f"{name} must be a single word such as low, medium or high, not {raw[:40]!r}")
     return raw
-
-
-def last_request_header(events: Iterable[Any]) -> Any | None:
-    from cairn.persistence.events import RequestHeader
-
-    last = None
-    for event in events:
-        if isinstance(event, RequestHeader):
-            last = event
-    return last
-
-
-RESUMED_WORKSPACE = "the resumed session"  # sources["workspace"] when a resume took the session's own directory
-
-
-def workspace_explicit(config: Config) -> bool:
-    """Whether the operator named the workspace (--workspace, or the API's `workspace=`): only then does a resume move
-    the session; otherwise the directory Cairn started in is just where the operator happens to be."""
-    return config.sources.get("workspace", "default").startswith(("flag", "option"))
-
-
-def resumed_workspace(config: Config, header: Any, events: list[Any], *, may_move: bool = True) -> Config:
-    """The config a resumed session works in (SPEC §10: a session belongs to its workspace): its own (header `cwd`, or
-    its last `workspace/moved`), not the current directory; marked in `sources` so every face can say so. With
-    `may_move` and an explicit workspace, that one instead: the caller records the move (`store.move_workspace`)
-    before the session goes live. A recorded workspace that no longer exists, with none named, is a ConfigError."""
-    from cairn.persistence.store import session_workspace
-
-    if may_move and workspace_explicit(config):
-        return config
-    recorded = session_workspace(header, events)
-    if not recorded.is_dir():
-        raise ConfigError(
-            f"session {header.id} works in {recorded}, which no longer exists: "
-            "resume it with --workspace DIR to move it"
-        )
-    own = recorded.resolve()
-    if own == config.workspace:
-        return config
-    return dataclasses.replace(config, workspace=own, sources={**config.sources, "workspace": RESUMED_WORKSPACE})
-
-
-def config_for_session(config: Config, events: Iterable[Any]) -> Config:
-    """The config a resumed session continues with: the provider and model of its last `request/header`, unless an
-    option or variable chose them (a profile chosen with --profile / CAIRN_PROFILE counts as chosen; the file's
-    `default_profile` does not). The session's model is kept only while its provider is (a model name means nothing
-    to another provider). Continuing with another provider than the profile's drops the profile's endpoint settings
-    (base URL, key variable, headers, …): they belong to that profile's server, not to the session's."""
-    header = last_request_header(events)
-    if header is None:
-        return config
-    provider = config.provider if config.provider_explicit else header.provider
-    if provider not in PROVIDERS:
-        raise ConfigError(
-            f"this session used the provider {header.provider!r}, which this build does not know; "
-            f"choose one with --provider or CAIRN_PROVIDER"
-        )
-    model = config.model
-    if not config.model_explicit and provider == header.provider:
-        model = header.model
-    if provider == "script" and not config.script and not config.provider_explicit:
-        raise ConfigError(
-            "this session used the script provider: pass --script FILE or set CAIRN_SCRIPT to continue it "
-            "(or choose another provider with --provider)"
-        )
-    chosen_profile = config.sources.get("profile", "").startswith(("flag", "env"))
-    profile = config.profile if chosen_profile else getattr(header, "profile", None)  # what the next request uses
-    if provider == config.provider:
-        return _keep_endpoint(dataclasses.replace(config, model=model, profile=profile, sources=dict(config.sources)),
-                              header)
-    resumed = dataclasses.replace(config, provider=provider, model=model, profile=profile, sources=dict(config.sources))
-    defaults = Config(home=config.home, backend=config.backend, provider=provider, model=None, script=None,
-                      workspace=config.workspace)
-    for name in ENDPOINT_SETTINGS:
-        if resumed.sources.get(name, "").startswith("profile"):
-            setattr(resumed, name, getattr(defaults, name))
-            resumed.sources[name] = "default (the session's provider is not the profile's)"
-    resumed.sources["provider"] = "the resumed session"
-    if resumed.sources.get("api_key_env", "").startswith("default"):
-        resumed.api_key_env = None
-    return with_api_key(_keep_endpoint(resumed, header))
-
-
-def _keep_endpoint(config: Config, header: Any) -> Config:
-    """SPEC §6 rev 3: a conversation never goes to a host it was not sent to before unless the operator names that
-    host. With no server named, a resumed session continues with the endpoint its last request went to; a named one
-    (flag, variable, or a profile chosen by one) is the operator's choice. A session from before endpoints were
-    recorded, resumed with no server named, is refused rather than sent to the hosted default: it may have talked to a
-    local server, with a key meant for that one."""
-    if config.provider != header.provider or config.provider not in ("openai", "anthropic") or config.base_url_explicit:
-        return config
-    endpoint = getattr(header, "endpoint", None)
-    if endpoint:
-        config.base_url = endpoint
-        config.sources["base_url"] = "the resumed session's last request"
-        return config
-    if config.base_url is None:
-        raise ConfigError(
-            "this session's requests went to a server Cairn did not record (it was made before endpoints were kept); "
-            "name it to continue: --base-url URL (or CAIRN_BASE_URL, or --profile NAME), the hosted default included"
-        )
-    return config
-
-
-def provider_secrets(provider: Any) -> list[str]:
-    """Strings that must never be stored or shown (the key, credentials in the base URL, and a key pasted into the
-    model name); none for demo/script but the last."""
-    return [s for s in getattr(provider, "secrets", None) or [] if s] + model_secrets(getattr(provider, "model", None))
-
-
-def model_secrets(model: str | None) -> list[str]:
-    """The parts of a model name shaped like a credential: a key given as `--model sk-…`, a URL with a token or a
-    `api_key=` parameter. They are masked like a configured key (SPEC §5: a key's value is never stored or shown),
-    with prompt history's rules for what a credential looks like (`history.SECRET_SHAPES`) and a URL's user part."""
-    if not model:
-        return []
-    from ..history import SECRET_SHAPES
-
-    found: list[str] = []
-    for shape in SECRET_SHAPES:
-        for match in shape.finditer(model):
-            label = match.group(1) if shape.groups else ""
-            keep_label = bool(label) and label.rstrip().endswith(("=", ":"))
-            found.append(match.group(0)[len(label):] if keep_label else match.group(0))
-    userinfo = re.search(r"(?<=://)[^/\s@]+(?=@)", model)
-    if userinfo:  # the whole user part, and its password (never the user name alone: "user" would mask every "user")
-        found += [userinfo.group(0), userinfo.group(0).partition(":")[2]]
-    return [f for f in dict.fromkeys(found) if len(f) >= 4]
-
-
-def database_secrets(url: str | None) -> list[str]:
-    """The password in a database URL (postgres backend): scrubbed from events like a provider key."""
-    if not url:
-        return []
-    from urllib.parse import unquote, urlsplit
-
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return []
-    return [p for p in {password, unquote(password or "")} if p]
-
-
-def make_provider(config: Config):  # -> Provider
-    """Build the configured provider; imports only what that provider needs (keeps headless start-up fast).
-
-    A missing key for a hosted endpoint, and proxy settings httpx cannot use, are configuration errors (exit 2)."""
-    if config.provider == "demo":
-        from ..providers.demo import DemoProvider
-
-        return DemoProvider(config.model, delay=config.demo_delay)
-    if config.provider == "script":
-        if not config.script:
-            raise ConfigError("the script provider needs a script: pass --script FILE or set CAIRN_SCRIPT")
-        from ..providers.script import ScriptError, ScriptProvider
-
-        try:
-            return ScriptProvider(config.script, config.model)
-        except ScriptError as e:
-            raise ConfigError(str(e)) from None
-    if config.provider == "anthropic":
-        from ..providers import anthropic as module
-
-        cls, default_model = module.AnthropicProvider, DEFAULT_ANTHROPIC_MODEL
-        extra: dict[str, Any] = {"thinking_budget": config.thinking_budget}
-    else:
-        from ..providers import openai as module
-
-        cls, default_model = module.OpenAIProvider, DEFAULT_OPENAI_MODEL
-        extra = {"include_usage": config.include_usage}
-    _require_key(config, config.base_url or module.DEFAULT_BASE_URL)
-    provider = _build(lambda: cls(
-        config.model or default_model, base_url=config.base_url, api_key=config.api_key, timeout=config.timeout,
-        **extra, **provider_parameters(config),
-    ))
-    # an explicit max_tokens is sent as set; the default one is kept inside a window the server reports
-    provider.max_tokens_explicit = config.sources.get("max_tokens", "default") != "default"
-    withhold_from_tools([], provider_secrets(provider))  # the key as sent, and credentials in the base URL
-    return provider
-
-
-def _require_key(config: Config, url: str) -> None:
-    from ..providers.openai import redact_url
-
-    if config.api_key or is_local_url(url):
-        return
-    variable = config.api_key_env or PROVIDER_KEY_VARIABLES.get(config.provider, "CAIRN_API_KEY")
-    if config.sources.get("api_key_env", "").startswith("profile"):
-        where = f"set {variable} (named by api_key_env in profile {config.profile})"
-    elif config.provider == "openai":
-        where = "set CAIRN_API_KEY (or OPENAI_API_KEY)"
-    else:
-        where = f"set {variable} (or CAIRN_API_KEY)"
-    raise ConfigError(
-        f"the {config.provider} provider needs an API key for {redact_url(url)}: {where}, "
-        "or point --base-url / CAIRN_BASE_URL at a local server"
-    )
-
-
-def _build(construct: Callable[[], Any]) -> Any:
-    """Construct a provider; its HTTP client reads the proxy variables, and one it cannot use is a configuration
-    error naming them (never the proxy URL itself: it may carry credentials)."""
-    try:
-        return construct()
-    except (ValueError, ImportError) as e:
-        text = str(e)
-        if "proxy" not in text.lower() and "socks" not in text.lower():
-            raise
-        names = [n for n in ("ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
-                 if os.environ.get(n)]
-        raise ConfigError(
-            f"the proxy in {' / '.join(names) or 'the proxy variables'} cannot be used: "
-            + ("install SOCKS support (pip install 'httpx[socks]')" if "socksio" in text
-               else "use an http://, https:// or socks5:// proxy URL")
-        ) from None
-
-
-def provider_parameters(config: Config) -> dict[str, Any]:
-    """The model parameters given to the provider: max_tokens always, the others only when set (unset ones are not
-    sent to the server)."""
-    params: dict[str, Any] = {"max_tokens": config.max_tokens}
-    for name in ("temperature", "top_p", "reasoning_effort", "tool_choice", "parallel_tool_calls"):
-        value = getattr(config, name)
-        if value is not None:
-            params[name] = value
-    if config.headers:
-        params["extra_headers"] = dict(config.headers)
-    if config.extra_body:
-        params["extra_body"] = dict(config.extra_body)
-    if config.api_key_header:
-        params["api_key_header"] = config.api_key_header
-    return params
-
-
-openai_parameters = provider_parameters  # the rev 2 name, kept for callers

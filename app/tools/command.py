@@ -6,8 +6,8 @@ Why it is built this way:
   variable that names a key Cairn knows — `KEY_VARIABLES`, each profile's `api_key_env` — and any variable whose value
   is one of the session's secret values. Scrubbing the log cannot help here: `printenv KEY | rev` prints the key in a
   form no scrubber recognises. The config room, which learns the names and values, tells this module through
-  `withhold()` (tools cannot import config: config.file imports tools.mcp). A command that needs a key must be given
-  one another way.
+  `withhold()` (tools cannot import config: config imports this module to call it). A command that needs a key must
+  be given one another way.
 - The shell gets its own session and process group (`start_new_session`), so a timeout or a cancelled turn can stop the
   whole tree it started — `sleep 30 & sleep 30` included — rather than only the shell. Stopping is SIGTERM to the group,
   then SIGKILL to the group after KILL_GRACE seconds at most, so a command that ignores SIGTERM cannot hang a cancel.

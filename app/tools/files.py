@@ -1,44 +1,54 @@
-"""File tools: list_dir, read_file, search_text (read-only), write_file (idempotent) and edit_file (side-effecting).
+"""File tools: list_dir, read_file and search_text (read-only); write_file and edit_file are in `file_writes`.
 
 SPEC §8, and why each part is built as it is:
 - Every path goes through `workspace.locate`, which walks it from the workspace root without following a symlink by
   name, and every file is then opened relative to the directory descriptor it returns with `O_NOFOLLOW`. So nothing
   outside the workspace is read or written, even when a directory is swapped for a symlink mid-call.
-- Only regular files are read or written. A FIFO, socket or device is refused at once from its lstat, and what is
-  opened is opened `O_NONBLOCK` and fstat'd before a byte is read, so no tool ever waits on a pipe (a thread stuck on
-  one could not be cancelled and would keep the process from exiting).
+- Only regular files are read or written (`regular_files`): a FIFO, socket or device is refused from its lstat, and
+  what is opened is opened `O_NONBLOCK` and fstat'd before a byte is read, so no tool ever waits on a pipe.
 - File names are shown with U+FFFD where they are not UTF-8 (`printable`), never passed on as lone surrogates.
 - search_text uses the `regex` package with one time budget for the whole search (SEARCH_TIME_BUDGET), releasing the GIL
   while it matches, so a catastrophic pattern ends as TOOL_ERROR in seconds and never stalls the event loop.
 - The bodies are plain blocking code run in a worker thread, so a large read or search never stalls the event loop (and
   with it the UI and the write-behind flusher); every wait in them is bounded.
-- Writes are atomic (temp file in the same directory, fsync, rename, all relative to the directory descriptor): a crash
-  leaves either the old file or the new one, never half of each — the property that lets repair retry write_file.
+
+The writers' parts (`atomic_write`, `fingerprint`, `write_file`, …) are re-exported here for the modules that name the
+file tools' parts from one place.
 """
 
 from __future__ import annotations
 
 import codecs
-import hashlib
-import contextlib
-import errno
 import fnmatch
 import os
-import secrets
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
-
-import anyio.to_thread
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import regex
 
-from .base import OUTPUT_LIMIT, BadArguments, Tool, ToolContext, ToolFailure, truncate_output
+from .base import OUTPUT_LIMIT, Tool, ToolContext, ToolFailure, truncate_output
+from .file_writes import (  # noqa: F401 (re-exported: callers name the file tools' parts from here)
+    Fingerprint,
+    atomic_write,
+    edit_file,
+    fingerprint,
+    write_file,
+)
+from .regular_files import (  # noqa: F401 (re-exported, as above)
+    BINARY_SNIFF_BYTES,
+    FILE_FLAGS,
+    in_thread,
+    kind_of,
+    looks_binary,
+    open_regular,
+    read_regular_file,
+)
 from .workspace import (
     DIR_FLAGS,
+    PATH_NOTE,
     Located,
     MissingPath,
     locate,
@@ -49,7 +59,6 @@ from .workspace import (
     require_str,
 )
 
-BINARY_SNIFF_BYTES = 8192  # a NUL byte in the first 8 KiB marks a file as binary (the heuristic git and grep use)
 MAX_DIR_ENTRIES = 1000
 MAX_MATCHES = 200
 MAX_MATCH_LINE_CHARS = 300
@@ -57,70 +66,6 @@ MAX_SEARCH_FILE_BYTES = 10 * 1024 * 1024  # larger files are skipped by search_t
 SEARCH_TIME_BUDGET = 5.0  # seconds of the whole search_text call, regex matching included
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
                        ".pytest_cache", ".ruff_cache", ".tox"})
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-async def _in_thread(func: Callable[..., str], *args: Any, abandon_on_cancel: bool = False) -> str:
-    """Run a blocking body in a worker thread, turning OS errors into a ToolFailure the model can read.
-
-    Writers keep the default (cancellation waits for the thread), so a cancelled write has either happened or not by the
-    time the loop records the outcome. Readers may be abandoned: nothing depends on them finishing.
-    """
-    try:
-        return await anyio.to_thread.run_sync(func, *args, abandon_on_cancel=abandon_on_cancel)
-    except OSError as exc:
-        where = f" ({printable(os.fsdecode(exc.filename))})" if isinstance(exc.filename, (str, bytes)) else ""
-        raise ToolFailure(f"{exc.strerror or exc}{where}") from exc
-
-
-def looks_binary(head: bytes) -> bool:
-    return b"\x00" in head
-
-
-def _kind(mode: int) -> str:
-    """What a non-regular file is, in words."""
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return "not a regular file"
-
-
-def _refuse_irregular(shown: str, mode: int) -> None:
-    if not stat.S_ISREG(mode):
-        raise ToolFailure(f"{shown} is {_kind(mode)}; only regular files are read or written")
-
-
-def _open_regular(found: Located) -> tuple[int, os.stat_result]:
-    """Open the located regular file for reading: refused from its lstat before opening if it is anything else, and
-    checked again on the open descriptor (it may have been swapped in between). Returns (fd, fstat)."""
-    assert found.name is not None and found.st is not None
-    _refuse_irregular(found.shown, found.st.st_mode)
-    try:
-        fd = os.open(found.name, FILE_FLAGS, dir_fd=found.dir_fd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ToolFailure(f"{found.shown} was replaced by a symbolic link while it was opened; try again") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        _refuse_irregular(found.shown, st.st_mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
-def read_regular_file(found: Located) -> bytes:
-    fd, _ = _open_regular(found)
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
 
 
 # --- list_dir ---------------------------------------------------------------------------------------------------------
@@ -138,7 +83,7 @@ def _describe(entry: os.DirEntry[str]) -> tuple[bool, str]:
         return True, f"{name}/{link}"
     if stat.S_ISREG(st.st_mode):
         return False, f"{name}  {st.st_size} bytes{link}"
-    return False, f"{name}  ({_kind(st.st_mode)}){link}"
+    return False, f"{name}  ({kind_of(st.st_mode)}){link}"
 
 
 def _list_dir(args: dict[str, Any], workspace: Path) -> str:
@@ -175,7 +120,7 @@ def _list_dir(args: dict[str, Any], workspace: Path) -> str:
 
 
 async def list_dir(args: dict[str, Any], ctx: ToolContext) -> str:
-    return await _in_thread(_list_dir, args, ctx.workspace, abandon_on_cancel=True)
+    return await in_thread(_list_dir, args, ctx.workspace, abandon_on_cancel=True)
 
 
 # --- read_file --------------------------------------------------------------------------------------------------------
@@ -194,7 +139,7 @@ def _read_file(args: dict[str, Any], workspace: Path) -> str:
                 raise ToolFailure(f"{shown} is a directory (use list_dir to list it)")
             if found.st is None:
                 raise ToolFailure(f"no such file: {shown}")
-            fd, st = _open_regular(found)
+            fd, st = open_regular(found)
     except MissingPath as missing:
         raise ToolFailure(f"no such file: {missing.shown}") from None
     size = st.st_size
@@ -250,7 +195,7 @@ def _read_file(args: dict[str, Any], workspace: Path) -> str:
 
 
 async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
-    return await _in_thread(_read_file, args, ctx.workspace, abandon_on_cancel=True)
+    return await in_thread(_read_file, args, ctx.workspace, abandon_on_cancel=True)
 
 
 # --- search_text ------------------------------------------------------------------------------------------------------
@@ -279,7 +224,7 @@ def _search_targets(found: Located, glob: str | None):
     Non-regular files are skipped from their lstat, before any open. Each fd is closed by the caller.
     """
     if not found.is_dir:
-        fd, _ = _open_regular(found)
+        fd, _ = open_regular(found)
         yield found.shown, fd
         return
     top = found.name or "."
@@ -360,194 +305,10 @@ def _search_text(args: dict[str, Any], workspace: Path) -> str:
 
 
 async def search_text(args: dict[str, Any], ctx: ToolContext) -> str:
-    return await _in_thread(_search_text, args, ctx.workspace, abandon_on_cancel=True)
-
-
-# --- write_file / edit_file -------------------------------------------------------------------------------------------
-
-
-def atomic_write(dir_fd: int, name: str, data: bytes, bits: int | None = None) -> None:
-    """Replace `name` in the directory `dir_fd` with `data` all at once: temp file beside it, fsync, rename, fsync the
-    directory. Everything is relative to `dir_fd`, so the file lands in that directory whatever happens to the names
-    above it.
-
-    An existing file keeps its permission bits; a new one gets the usual 0666 & ~umask; `bits` sets them (a rewind
-    puts a file's mode back too). (Hard links to the old file are not updated — the name now points at a new inode.)
-    A symlink swapped in for `name` is replaced, not followed.
-    """
-    mode: int | None = bits
-    if mode is None:
-        try:
-            mode = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-        except FileNotFoundError:
-            mode = None
-    tmp = f".{name[:100]}.{secrets.token_hex(6)}.cairn-tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
-    with contextlib.suppress(OSError):  # some file systems refuse to fsync a directory; the data itself is synced
-        os.fsync(dir_fd)
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """A file tool's intent, fingerprinted before its pre-tool barrier (SPEC §9 rev 3): the path's content hash now
-    (None: no file), the hash the body will leave, and the content to keep as the before-image (None: no file, or
-    over the size limit, so not restorable)."""
-
-    before_sha256: str | None
-    after_sha256: str
-    before: bytes | None
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _current(found: Located) -> bytes | None:
-    """The located regular file's content (None: it does not exist)."""
-    if found.st is None:
-        return None
-    _refuse_irregular(found.shown, found.st.st_mode)
-    return read_regular_file(found)
-
-
-def fingerprint(name: str, args: Any, workspace: Path, max_before: int) -> Fingerprint | None:
-    """The fingerprint of a `write_file` or `edit_file` call, or None when it has none: another tool, arguments the
-    body will refuse anyway, an edit that does not apply, a path that cannot be read."""
-    if name not in ("write_file", "edit_file") or not isinstance(args, dict):
-        return None
-    try:
-        path = require_str(args, "path")
-        if name == "write_file":
-            after = printable(require_str(args, "content", allow_empty=True)).encode("utf-8")
-        with locate(workspace, path) as found:
-            if found.is_dir:
-                return None
-            before = _current(found)
-        if name == "edit_file":
-            if before is None:
-                return None
-            text = before.decode("utf-8")
-            old, new = require_str(args, "old"), require_str(args, "new", allow_empty=True)
-            at = _occurrences(text, old)
-            if len(at) != 1 or old == new:
-                return None
-            after = printable(text[:at[0]] + new + text[at[0] + len(old):]).encode("utf-8")
-    except MissingPath:
-        before = None
-        if name == "edit_file":
-            return None
-    except (ToolFailure, OSError, UnicodeDecodeError, ValueError):
-        return None
-    keep = before if before is not None and len(before) <= max_before else None
-    return Fingerprint(_sha(before) if before is not None else None, _sha(after), keep)
-
-
-def _unchanged_since(found: Located, expected: Fingerprint | None, data: bytes | None) -> None:
-    """Refuse (TOOL_ERROR, nothing written) when the file changed between the fingerprint and the write."""
-    if expected is not None and (_sha(data) if data is not None else None) != expected.before_sha256:
-        raise ToolFailure(
-            f"{found.shown} changed after this call was recorded (its content is no longer what Cairn fingerprinted); "
-            "nothing was written. Read it again before changing it."
-        )
-
-
-def _write_file(args: dict[str, Any], workspace: Path, expected: Fingerprint | None = None) -> str:
-    path = require_str(args, "path")
-    content = require_str(args, "content", allow_empty=True)
-    data = printable(content).encode("utf-8")  # a lone surrogate from the model's JSON becomes U+FFFD, not a crash
-    with locate(workspace, path, make_parents=True) as found:
-        shown = found.shown
-        if found.is_dir:
-            raise ToolFailure(f"{shown} is a directory; give a file path")
-        assert found.name is not None
-        if found.st is not None:
-            _refuse_irregular(shown, found.st.st_mode)
-            now = read_regular_file(found) if expected is not None or found.st.st_size == len(data) else None
-            _unchanged_since(found, expected, now)
-            if now == data:
-                return f"wrote {len(data)} bytes to {shown} (the file already had exactly this content)"
-        else:
-            _unchanged_since(found, expected, None)
-        atomic_write(found.dir_fd, found.name, data)
-    return f"wrote {len(data)} bytes to {shown}"
-
-
-async def write_file(args: dict[str, Any], ctx: ToolContext) -> str:
-    return await _in_thread(_write_file, args, ctx.workspace, ctx.fingerprint)
-
-
-def _occurrences(text: str, needle: str) -> list[int]:
-    """Start offsets of every occurrence, overlapping ones included (so "aa" in "aaa" counts as ambiguous)."""
-    found = []
-    at = text.find(needle)
-    while at != -1:
-        found.append(at)
-        at = text.find(needle, at + 1)
-    return found
-
-
-def _edit_file(args: dict[str, Any], workspace: Path, expected: Fingerprint | None = None) -> str:
-    path = require_str(args, "path")
-    old = require_str(args, "old")
-    new = require_str(args, "new", allow_empty=True)
-    if old == new:
-        raise BadArguments("old and new are identical; nothing to change")
-    try:
-        with locate(workspace, path) as found:
-            shown = found.shown
-            if found.is_dir:
-                raise ToolFailure(f"{shown} is a directory; edit_file edits a file")
-            if found.st is None:
-                raise ToolFailure(f"no such file: {shown} (use write_file to create a file)")
-            assert found.name is not None
-            data = read_regular_file(found)
-            _unchanged_since(found, expected, data)
-            if looks_binary(data[:BINARY_SNIFF_BYTES]):
-                raise ToolFailure(f"{shown} looks like a binary file; edit_file only edits text")
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ToolFailure(f"{shown} is not valid UTF-8 text; edit_file only edits UTF-8 text") from None
-            found_at = _occurrences(text, old)
-            if not found_at:
-                hint = " (the file uses CRLF line endings; include the \\r)" if "\r\n" in text and "\r\n" not in old else ""
-                raise ToolFailure(
-                    f"old text not found in {shown}{hint}; it must match exactly, including whitespace and indentation "
-                    "(read_file shows the current content)"
-                )
-            if len(found_at) > 1:
-                raise ToolFailure(
-                    f"old text occurs {len(found_at)} times in {shown}; include more surrounding lines so it matches "
-                    "exactly once"
-                )
-            at = found_at[0]
-            new_text = text[:at] + new + text[at + len(old):]
-            atomic_write(found.dir_fd, found.name, printable(new_text).encode("utf-8"))
-    except MissingPath as missing:
-        raise ToolFailure(f"no such file: {missing.shown} (use write_file to create a file)") from None
-    return f"replaced 1 occurrence in {shown} at line {text.count(chr(10), 0, at) + 1}"
-
-
-async def edit_file(args: dict[str, Any], ctx: ToolContext) -> str:
-    return await _in_thread(_edit_file, args, ctx.workspace, ctx.fingerprint)
+    return await in_thread(_search_text, args, ctx.workspace, abandon_on_cancel=True)
 
 
 # --- tool definitions -------------------------------------------------------------------------------------------------
-
-_PATH_NOTE = "relative to the workspace root (absolute paths are allowed only inside the workspace)"
 
 LIST_DIR = Tool(
     name="list_dir",
@@ -556,7 +317,7 @@ LIST_DIR = Tool(
     ),
     parameters={
         "type": "object",
-        "properties": {"path": {"type": "string", "description": f"Directory to list, {_PATH_NOTE}. Default '.'."}},
+        "properties": {"path": {"type": "string", "description": f"Directory to list, {PATH_NOTE}. Default '.'."}},
         "additionalProperties": False,
     },
     safety="read_only",
@@ -572,7 +333,7 @@ READ_FILE = Tool(
     parameters={
         "type": "object",
         "properties": {
-            "path": {"type": "string", "description": f"File to read, {_PATH_NOTE}."},
+            "path": {"type": "string", "description": f"File to read, {PATH_NOTE}."},
             "offset": {"type": "integer", "minimum": 1, "description": "First line to return (1-based). Default 1."},
             "limit": {"type": "integer", "minimum": 1, "description": "Maximum number of lines to return."},
         },
@@ -595,7 +356,7 @@ SEARCH_TEXT = Tool(
         "type": "object",
         "properties": {
             "pattern": {"type": "string", "description": "Regular expression (Python syntax) matched against each line."},
-            "path": {"type": "string", "description": f"Directory or file to search, {_PATH_NOTE}. Default '.'."},
+            "path": {"type": "string", "description": f"Directory or file to search, {PATH_NOTE}. Default '.'."},
             "glob": {"type": "string", "description": "Only search files whose name matches this glob, e.g. '*.py'."},
             "ignore_case": {"type": "boolean", "description": "Match case-insensitively. Default false."},
         },
@@ -605,46 +366,3 @@ SEARCH_TEXT = Tool(
     safety="read_only",
     body=search_text,
 )
-
-WRITE_FILE = Tool(
-    name="write_file",
-    description=(
-        "Create or overwrite a file in the workspace with the given content (UTF-8), creating parent directories as "
-        "needed. The write is atomic and writing the same content again changes nothing. To change part of an "
-        "existing file, prefer edit_file."
-    ),
-    parameters={
-        "type": "object",
-        "properties": {
-            "path": {"type": "string", "description": f"File to write, {_PATH_NOTE}."},
-            "content": {"type": "string", "description": "The complete new content of the file."},
-        },
-        "required": ["path", "content"],
-        "additionalProperties": False,
-    },
-    safety="idempotent",
-    body=write_file,
-)
-
-EDIT_FILE = Tool(
-    name="edit_file",
-    description=(
-        "Replace one exact piece of text in an existing file. 'old' must occur exactly once in the file, matching "
-        "whitespace and indentation exactly; include enough surrounding lines to make it unique. Fails without "
-        "changing anything if 'old' is missing or ambiguous."
-    ),
-    parameters={
-        "type": "object",
-        "properties": {
-            "path": {"type": "string", "description": f"File to edit, {_PATH_NOTE}."},
-            "old": {"type": "string", "description": "The exact text to replace; must occur exactly once."},
-            "new": {"type": "string", "description": "The replacement text (may be empty to delete 'old')."},
-        },
-        "required": ["path", "old", "new"],
-        "additionalProperties": False,
-    },
-    safety="side_effecting",
-    body=edit_file,
-)
-
-FILE_TOOLS = (LIST_DIR, READ_FILE, SEARCH_TEXT, WRITE_FILE, EDIT_FILE)

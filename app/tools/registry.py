@@ -11,7 +11,8 @@ from typing import Iterable, Iterator
 from ..providers.base import ToolSchema
 from .base import Tool
 from .command import RUN_COMMAND
-from .files import EDIT_FILE, LIST_DIR, READ_FILE, SEARCH_TEXT, WRITE_FILE
+from .file_writes import EDIT_FILE, WRITE_FILE
+from .files import LIST_DIR, READ_FILE, SEARCH_TEXT
 
 
 def builtin_tools() -> list[Tool]:

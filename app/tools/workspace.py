@@ -35,6 +35,8 @@ from .base import BadArguments, ToolFailure
 MAX_SYMLINKS = 40  # the kernel's own limit for one path resolution
 MAX_RETRIES = 40  # how often one walk restarts a component that changed under it before giving up
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+# how every file tool's schema describes a path argument
+PATH_NOTE = "relative to the workspace root (absolute paths are allowed only inside the workspace)"
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
