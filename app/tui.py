@@ -60,6 +60,7 @@ class SlashCommandsProvider(Provider):
 
 class CairnApp(App["SessionChoice | None"]):
     TITLE = "Cairn"
+    CSS_PATH = ChatScreen.CSS_PATH  # Textual reads the default screen's CSS_PATH nowhere: the chat's comes with the app
     COMMANDS = App.COMMANDS | {SlashCommandsProvider}
 
     def __init__(self, config: Config, opened: OpenedSession | None, store: SessionStore,

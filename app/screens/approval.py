@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from textual import events, on
+from textual import events, getters, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.geometry import Size
 from rich.text import Text
 from textual.markup import escape
 from textual.message import Message
@@ -121,8 +122,12 @@ class Choices(Widget, can_focus=True):
             line.append(" " + rest, style=style)
         return line
 
-    def get_content_height(self, container, viewport, width: int) -> int:  # type: ignore[override]
+    def lines(self, width: int) -> int:
+        """How many lines the choices take at `width` (the modal sizes its preview with it)."""
         return max(1, -(-sum(len(l) + self.GAP for l in self.labels(width)) // max(1, width)))
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return self.lines(width)
 
     def action_move(self, step: int) -> None:
         count = len(self.choices)
@@ -136,7 +141,7 @@ class Choices(Widget, can_focus=True):
     def watch_highlighted(self) -> None:
         self.refresh()
 
-    def _on_click(self, event: events.Click) -> None:
+    async def _on_click(self, event: events.Click) -> None:
         event.stop()
         x = event.x - (self.content_region.x - self.region.x)
         for index, (start, end) in enumerate(self.spans()):
@@ -151,17 +156,11 @@ class ApprovalModal(Dialog[ApprovalAnswer]):
     optional note, or cancelled when the turn is cancelled under it). `typist` is the chat's prompt (the keys typed
     while it waits for Tab go there); without one it takes keys at once."""
 
-    DEFAULT_CSS = """
-    ApprovalModal { align: center middle; }
-    ApprovalModal > #dialog { width: 92%; max-width: 120; height: auto; max-height: 92%; border: thick $warning;
-                              background: $surface; padding: 0 1; }
-    ApprovalModal #title { text-style: bold; }
-    ApprovalModal #preview { height: auto; max-height: 1fr; border: round $panel-lighten-2; }
-    ApprovalModal #choices { margin-top: 1; }
-    ApprovalModal #note { display: none; }
-    ApprovalModal #note.-visible { display: block; }
-    ApprovalModal #guard { height: 1; }
-    """
+    CSS_PATH = "approval.tcss"
+
+    choice_line = getters.query_one("#choices", Choices)
+    note = getters.query_one("#note", Input)
+    preview = getters.query_one("#preview", VerticalScroll)
 
     BINDINGS = [
         Binding("a", "decide('allowed_once')", "Allow once"),
@@ -205,7 +204,7 @@ class ApprovalModal(Dialog[ApprovalAnswer]):
         return options
 
     def on_mount(self) -> None:
-        self.query_one("#choices", Choices).focus()  # nothing highlighted: Enter decides only what was chosen
+        self.choice_line.focus()  # nothing highlighted: Enter decides only what was chosen
         self._fit_preview()
 
     def on_resize(self) -> None:
@@ -214,12 +213,12 @@ class ApprovalModal(Dialog[ApprovalAnswer]):
     def _fit_preview(self) -> None:
         """The preview gets what the title, the choices' line, the note, the hint and the footer leave: however long
         it is, the choices stay on screen (it scrolls instead)."""
-        choices = self.query_one("#choices", Choices)
-        lines = choices.get_content_height(None, None, choices.content_region.width) if choices.size.width else 1
-        note = 3 if self.query_one("#note", Input).has_class("-visible") else 0
+        choices = self.choice_line
+        lines = choices.lines(choices.content_region.width) if choices.size.width else 1
+        note = 3 if self.note.has_class("-visible") else 0
         fixed = 2 + 1 + 2 + 1 + lines + note + 1  # borders, title, preview border, margin, choices, hint
         limit = int(self.size.height * 0.92) if self.size.height else 20
-        self.query_one("#preview").styles.max_height = max(3, limit - fixed)
+        self.preview.styles.max_height = max(3, limit - fixed)
 
     # -- the type-ahead guard (`typeahead.Dialog`) ------------------------------------------------------------------
 
@@ -227,11 +226,11 @@ class ApprovalModal(Dialog[ApprovalAnswer]):
         return MODAL_KEYS if self.prefix else MODAL_KEYS - {"p"}
 
     def keys_text(self) -> str:
-        return NOTE_TEXT if self.query_one("#note", Input).has_focus else CHOOSE_TEXT
+        return NOTE_TEXT if self.note.has_focus else CHOOSE_TEXT
 
     def keys_taken(self) -> None:
-        if not self.query_one("#note", Input).has_focus:
-            self.query_one("#choices", Choices).focus()
+        if not self.note.has_focus:
+            self.choice_line.focus()
 
     @property
     def armed(self) -> bool:
@@ -248,7 +247,7 @@ class ApprovalModal(Dialog[ApprovalAnswer]):
             self.action_decide(event.choice.id)
 
     def action_decide(self, choice: str) -> None:
-        if self.query_one("#note", Input).has_focus or not self.takes_keys:
+        if self.note.has_focus or not self.takes_keys:
             return
         if choice == "allowed_prefix":
             if self.prefix:
@@ -259,7 +258,7 @@ class ApprovalModal(Dialog[ApprovalAnswer]):
     def action_note(self) -> None:
         if not self.takes_keys:
             return
-        note = self.query_one("#note", Input)
+        note = self.note
         note.add_class("-visible")
         self._fit_preview()
         note.focus()
@@ -271,15 +270,15 @@ class ApprovalModal(Dialog[ApprovalAnswer]):
 
     def on_key(self, event: events.Key) -> None:
         """Esc in the note field goes back to the choices rather than denying without the note."""
-        note = self.query_one("#note", Input)
+        note = self.note
         if event.key == "escape" and note.has_focus:
             event.stop()
             event.prevent_default()
             note.remove_class("-visible")
             self._fit_preview()
-            self.query_one("#choices", Choices).focus()
+            self.choice_line.focus()
             self.call_after_refresh(self.show_guard)
 
     def action_scroll_preview(self, direction: int) -> None:
-        preview = self.query_one("#preview", VerticalScroll)
+        preview = self.preview
         (preview.scroll_page_down if direction > 0 else preview.scroll_page_up)(animate=False)

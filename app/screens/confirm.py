@@ -7,7 +7,7 @@ opened go to the prompt until Tab (`typeahead.Dialog`)."""
 
 from __future__ import annotations
 
-from textual import on
+from textual import getters, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.markup import escape
@@ -20,14 +20,9 @@ from .typeahead import Dialog, Typist
 
 
 class ConfirmDialog(Dialog[bool]):
-    DEFAULT_CSS = """
-    ConfirmDialog { align: center middle; }
-    ConfirmDialog > Vertical { width: 70; max-width: 96%; height: auto; border: thick $warning; background: $surface;
-                               padding: 1 2; }
-    ConfirmDialog Horizontal { height: auto; align: center middle; margin-top: 1; }
-    ConfirmDialog Button { margin: 0 1; }
-    ConfirmDialog #guard { margin-top: 1; }
-    """
+    CSS_PATH = "confirm.tcss"
+
+    no_button = getters.query_one("#no", Button)
 
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
     DIALOG_KEYS = frozenset({"y", "n", "escape", "enter", "left", "right"})
@@ -49,7 +44,7 @@ class ConfirmDialog(Dialog[bool]):
         yield QuietFooter()
 
     def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
+        self.no_button.focus()
 
     @on(Button.Pressed)
     def pressed(self, event: Button.Pressed) -> None:

@@ -78,12 +78,7 @@ def help_table() -> Table:
 
 
 class HelpScreen(ModalScreen[None]):
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 96%; max-width: 120; height: 92%; border: thick $primary; background: $surface;
-                            padding: 0 1; }
-    HelpScreen #title { text-style: bold; margin-bottom: 1; }
-    """
+    CSS_PATH = "help.tcss"
 
     BINDINGS = [Binding("escape,f1,q,question_mark", "dismiss", "Close")]
 

@@ -20,7 +20,7 @@ from rich.json import JSON
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual import on
+from textual import getters, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -251,14 +251,12 @@ class EventTable(ScrollView, can_focus=True):
 class InspectorScreen(Screen[None]):
     """Read-only event history of one session; with `follow`, new events from the writing process appear live."""
 
-    DEFAULT_CSS = """
-    InspectorScreen #head { height: 1; padding: 0 1; background: $panel; }
-    InspectorScreen EventTable { height: 3fr; }
-    InspectorScreen #detail-box { height: 2fr; min-height: 4; border-top: solid $panel-lighten-2; }
-    InspectorScreen #detail { padding: 0 1; }
-    InspectorScreen #query { dock: bottom; display: none; margin-bottom: 1; }
-    InspectorScreen #query.shown { display: block; }
-    """
+    CSS_PATH = "inspector.tcss"
+
+    head = getters.query_one("#head", Static)
+    detail = getters.query_one("#detail", Static)
+    detail_box = getters.query_one("#detail-box", VerticalScroll)
+    query_input = getters.query_one("#query", Input)
 
     BINDINGS = [
         Binding("escape,q", "back", "Back"),
@@ -347,11 +345,11 @@ class InspectorScreen(Screen[None]):
         return text
 
     def _refresh_head(self) -> None:
-        self.query_one("#head", Static).update(self._headline())
+        self.head.update(self._headline())
 
     @on(EventTable.Highlighted)
     def show_detail(self, message: EventTable.Highlighted) -> None:
-        detail = self.query_one("#detail", Static)
+        detail = self.detail
         i = message.index
         if i is None:
             self.detail_text = "No event matches." if self.filter_text else "No events yet."
@@ -378,17 +376,17 @@ class InspectorScreen(Screen[None]):
         self.detail_text = f"{head.plain}\n{json_text}"  # what the pane says, as plain text
         body = JSON(json_text, indent=2, ensure_ascii=False)
         detail.update(Group(head, body))
-        self.query_one("#detail-box", VerticalScroll).scroll_home(animate=False)
+        self.detail_box.scroll_home(animate=False)
 
     def action_scroll_detail(self, direction: int) -> None:
-        box = self.query_one("#detail-box", VerticalScroll)
+        box = self.detail_box
         (box.scroll_page_down if direction > 0 else box.scroll_page_up)(animate=False)
 
     # -- filter and search --------------------------------------------------------------------------------------------
 
     def action_ask(self, what: str) -> None:
         self.asking = what
-        query = self.query_one("#query", Input)
+        query = self.query_input
         if what == "filter":
             query.placeholder = "filter: type:tool/result turn:2 call:call_1 kind:error (empty: show all)"
             query.value = self.filter_text
@@ -400,7 +398,7 @@ class InspectorScreen(Screen[None]):
 
     def _close_query(self) -> None:
         self.asking = ""
-        self.query_one("#query", Input).remove_class("shown")
+        self.query_input.remove_class("shown")
         self.query_one(EventTable).focus()
 
     @on(Input.Submitted, "#query")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from rich.text import Text
-from textual import on
+from textual import getters, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -155,22 +155,10 @@ def recovered_from(events: list[AnyEvent]) -> tuple[list[RecoveredCall], str, st
 
 
 class ResumeScreen(Dialog[list[RecoveredCall]]):
-    # The table of recovered calls is sized first (its rows, up to 12, plus its scrollbar); the title, the context
-    # (prompt and last text) and the detail pane take what is left and scroll, and the button is one line, so at 80×24
-    # the NOT_STARTED / OUTCOME_UNKNOWN column and at 60×15 the button and a line of the detail stay on screen.
-    DEFAULT_CSS = """
-    ResumeScreen { align: center middle; }
-    ResumeScreen > Vertical { width: 98%; height: 96%; border: thick $warning; background: $surface; padding: 0 1; }
-    ResumeScreen #title { width: 100%; height: auto; max-height: 2; text-style: bold; color: $warning; }
-    ResumeScreen #context { height: 1fr; min-height: 1; max-height: 7; color: $text-muted; }
-    ResumeScreen #context Markdown { margin: 0; padding: 0; background: transparent; }
-    ResumeScreen #context MarkdownParagraph { margin: 0; }
-    ResumeScreen DataTable { height: auto; max-height: 13; min-height: 2; overflow-x: hidden; }
-    ResumeScreen #detail { height: 2fr; min-height: 3; border: round $panel-lighten-2; }
-    ResumeScreen #continue { margin-top: 0; }
-    ResumeScreen #guard { display: none; }
-    ResumeScreen #guard.-held, ResumeScreen #guard.-said { display: block; }
-    """
+    CSS_PATH = "resume.tcss"  # it says how the table, the context and the detail pane share the height
+
+    told = getters.query_one("#told", Static)
+    detail_pane = getters.query_one("#detail", VerticalScroll)
 
     BINDINGS = [
         Binding("v", "verdict", "Record verdict"),
@@ -328,14 +316,14 @@ class ResumeScreen(Dialog[list[RecoveredCall]]):
             call = self.calls[row]
             preview = render_parts(preview_parts(call.tool, call.arguments, self.workspace))
             self.shown_detail = Group(self.detail(call), Text(""), preview)
-            self.query_one("#told", Static).update(self.shown_detail)
+            self.told.update(self.shown_detail)
 
     @on(DataTable.RowHighlighted)
     def highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_told(event.cursor_row)
 
     def action_scroll_detail(self, direction: int) -> None:
-        detail = self.query_one("#detail", VerticalScroll)
+        detail = self.detail_pane
         (detail.scroll_page_down if direction > 0 else detail.scroll_page_up)(animate=False)
 
     def action_verdict(self) -> None:

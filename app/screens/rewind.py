@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.text import Text
-from textual import on, work
+from textual import getters, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -100,17 +100,11 @@ class RewindScreen(Dialog[RewindChoice | None]):
     """Pick a turn; restore files, the conversation, or both, to before it (or cancel). `typist`: the chat's prompt,
     for the per-path questions Cairn raises."""
 
-    DEFAULT_CSS = """
-    RewindScreen { align: center middle; }
-    RewindScreen > Vertical { width: 96%; max-width: 120; height: 94%; border: thick $accent; background: $surface;
-                              padding: 0 1; }
-    RewindScreen #title { width: 100%; height: auto; text-style: bold; }
-    RewindScreen #turns { height: auto; max-height: 9; min-height: 3; margin: 0; }
-    RewindScreen #plan { height: 1fr; min-height: 3; border: round $panel-lighten-2; }
-    RewindScreen #buttons { height: auto; align: center middle; }
-    RewindScreen Button { margin: 0 1; }
-    RewindScreen #guard { height: auto; }
-    """
+    CSS_PATH = "rewind.tcss"
+
+    turn_list = getters.query_one("#turns", OptionList)
+    plan_label = getters.query_one("#plan-text", Static)
+    plan_box = getters.query_one("#plan", VerticalScroll)
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
@@ -154,14 +148,14 @@ class RewindScreen(Dialog[RewindChoice | None]):
             yield self.guard_line()
 
     def on_mount(self) -> None:
-        options = self.query_one("#turns", OptionList)
+        options = self.turn_list
         options.focus()
         if self.turns:
             options.highlighted = len(self.turns) - 1  # the newest: undoing the last turn is the common case
 
     @property
     def selected_turn(self) -> int | None:
-        index = self.query_one("#turns", OptionList).highlighted
+        index = self.turn_list.highlighted
         return self.turns[index][0] if index is not None and 0 <= index < len(self.turns) else None
 
     @on(OptionList.OptionHighlighted, "#turns")
@@ -169,7 +163,7 @@ class RewindScreen(Dialog[RewindChoice | None]):
         turn = self.selected_turn
         if turn is not None:
             self.plan = None
-            self.query_one("#plan-text", Static).update(Text(f"Looking at the files of turn {turn} on…", style="dim"))
+            self.plan_label.update(Text(f"Looking at the files of turn {turn} on…", style="dim"))
             self._compute(turn)
 
     @work(exclusive=True, group="plan")
@@ -177,13 +171,13 @@ class RewindScreen(Dialog[RewindChoice | None]):
         try:
             plan = await asyncio.to_thread(plan_rewind, self.events, self.workspace, turn, self.blobs, self.repo)
         except RewindRefused as e:
-            self.query_one("#plan-text", Static).update(Text(safe_text(str(e)), style="red"))
+            self.plan_label.update(Text(safe_text(str(e)), style="red"))
             return
         if turn != self.selected_turn:
             return
         self.plan = plan
         prompt = dict(self.turns).get(turn, "")
-        self.query_one("#plan-text", Static).update(plan_text(plan, prompt))
+        self.plan_label.update(plan_text(plan, prompt))
 
     @on(OptionList.OptionSelected, "#turns")
     def selected(self) -> None:
@@ -237,7 +231,7 @@ class RewindScreen(Dialog[RewindChoice | None]):
             self.dismiss(RewindChoice(0, "both", undo=True))
 
     def action_scroll_plan(self, direction: int) -> None:
-        plan = self.query_one("#plan", VerticalScroll)
+        plan = self.plan_box
         (plan.scroll_page_down if direction > 0 else plan.scroll_page_up)(animate=False)
 
     @on(Button.Pressed, "#cancel")
@@ -265,15 +259,9 @@ class PendingRewindScreen(Dialog[str | None]):
     """An interrupted rewind: finish it or abandon it, before the next turn. Raised by Cairn: given the chat's
     `typist`, keys typed while the operator was typing wait in the prompt until Tab."""
 
-    DEFAULT_CSS = """
-    PendingRewindScreen { align: center middle; }
-    PendingRewindScreen > Vertical { width: 90%; max-width: 100; height: auto; max-height: 90%; border: thick $warning;
-                                     background: $surface; padding: 1 2; }
-    PendingRewindScreen VerticalScroll { height: auto; max-height: 16; }
-    PendingRewindScreen Horizontal { height: auto; align: center middle; margin-top: 1; }
-    PendingRewindScreen Button { margin: 0 1; }
-    PendingRewindScreen #guard { margin-top: 1; }
-    """
+    CSS_PATH = "rewind.tcss"
+
+    finish_button = getters.query_one("#finish", Button)
 
     BINDINGS = [
         Binding("f", "settle('finish')", "Finish", show=False),
@@ -297,7 +285,7 @@ class PendingRewindScreen(Dialog[str | None]):
             yield self.guard_line()
 
     def on_mount(self) -> None:
-        self.query_one("#finish", Button).focus()
+        self.finish_button.focus()
 
     @on(Button.Pressed)
     def pressed(self, event: Button.Pressed) -> None:

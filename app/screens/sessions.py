@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.text import Text
-from textual import on
+from textual import getters, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -28,12 +28,9 @@ class SessionChoice:
 
 
 class SessionsScreen(Screen[SessionChoice | None]):
-    DEFAULT_CSS = """
-    SessionsScreen > Vertical { padding: 1 2; }
-    SessionsScreen #title { text-style: bold; margin-bottom: 1; }
-    SessionsScreen DataTable { height: 1fr; }
-    SessionsScreen #hint { color: $text-muted; margin-top: 1; }
-    """
+    CSS_PATH = "sessions.tcss"
+
+    heading = getters.query_one("#title", Label)
 
     BINDINGS = [
         Binding("enter", "open", "Open / resume"),
@@ -161,7 +158,7 @@ class SessionsScreen(Screen[SessionChoice | None]):
             table = self.query_one(DataTable)
             table.remove_row(chosen.id)
             self.summaries = [s for s in self.summaries if s.id != chosen.id]
-            self.query_one("#title", Label).update(f"Sessions ({len(self.summaries)})")
+            self.heading.update(f"Sessions ({len(self.summaries)})")
             self.notify(safe_text(f"Deleted session {chosen.id}."), markup=False)
 
         prompt = first_line(chosen.first_prompt, 60) or "(no prompt)"

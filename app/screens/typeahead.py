@@ -30,6 +30,7 @@ typing, nor are the chat's command keys (Esc, Esc Esc that opens the rewind dial
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, TypeVar
 
 from textual import events, on
@@ -47,6 +48,7 @@ HELD_TEXT = "typing… your keys go to the prompt · Tab to decide"
 # keys that edit the prompt's text besides the printable ones: typing too (Esc, F1, Ctrl+T, PgUp… are commands)
 EDIT_KEYS = frozenset({"backspace", "delete", "enter", "ctrl+j", "alt+enter", "ctrl+w", "ctrl+u", "ctrl+k"})
 SAID_FOR = 6.0  # seconds a dialog's own notice stays on its keys line
+DIALOG_CSS = Path(__file__).resolve().with_name("typeahead.tcss")  # every dialog's: toasts hidden, the keys line
 
 
 class Typist(Protocol):
@@ -117,20 +119,13 @@ class Dialog(ModalScreen[ResultT]):
     sends a stray letter to the prompt. Subclasses yield `self.guard_line()` where the dialog's keys are listed and
     say which keys are theirs (`DIALOG_KEYS`; a printable key outside them is typing)."""
 
-    DEFAULT_CSS = """
-    Dialog ToastRack { max-height: 0; }
-    Dialog Toast { visibility: hidden; }
-    Dialog .guard { height: auto; color: $text-muted; }
-    Dialog .guard.-held { color: $warning; text-style: bold; }
-    Dialog .guard.-said { color: $warning; }
-    """
-
     DIALOG_KEYS: ClassVar[frozenset[str]] = frozenset()
     KEYS_TEXT: ClassVar[str] = ""  # the dialog's keys, shown on it once it has them
 
     def __init__(self, *, typist: Typist | None = None, by_key: bool = False, name: str | None = None,
                  id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        self.css_path = [DIALOG_CSS, *self.css_path]  # the rules all dialogs share, then the subclass's CSS_PATH
         self.typist = typist
         self.by_key = by_key
         # raised by Cairn: every key is typing until the dialog is mounted and found the operator idle

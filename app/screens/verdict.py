@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from rich.text import Text
-from textual import events, on
+from textual import events, getters, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -35,16 +35,11 @@ class VerdictDialog(Dialog[tuple[str, str] | None]):
     before the dialog closes (SPEC §2 rev 3: an operator's decision is never held only in memory). Opened with `v` it
     takes keys at once; given a `typist` (raised by Cairn) it waits for Tab while the operator types."""
 
-    DEFAULT_CSS = """
-    VerdictDialog { align: center middle; }
-    VerdictDialog > Vertical { width: 76; max-width: 100%; height: auto; border: thick $warning; background: $surface;
-                               padding: 0 1; }
-    VerdictDialog OptionList { width: 100%; height: auto; margin: 1 0 0 0; }
-    VerdictDialog #chosen { margin-top: 1; }
-    VerdictDialog #hint { color: $warning; height: auto; }
-    VerdictDialog Horizontal { height: auto; align: center middle; }
-    VerdictDialog Button { margin: 0 1; }
-    """
+    CSS_PATH = "verdict.tcss"
+
+    note = getters.query_one("#note", Input)
+    chosen = getters.query_one("#chosen", Label)
+    hint = getters.query_one("#hint", Label)
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
@@ -82,7 +77,7 @@ class VerdictDialog(Dialog[tuple[str, str] | None]):
                 yield Button(r"Cancel \[esc]", id="cancel", compact=True)
 
     def on_mount(self) -> None:
-        self.query_one("#note", Input).border_title = "note for the model (optional)"
+        self.note.border_title = "note for the model (optional)"
         options = self.query_one(OptionList)
         options.highlighted = None
         options.focus()
@@ -99,12 +94,12 @@ class VerdictDialog(Dialog[tuple[str, str] | None]):
 
     @on(OptionList.OptionHighlighted)
     def _highlighted(self) -> None:
-        self.query_one("#chosen", Label).update(self._chosen_text())
-        self.query_one("#hint", Label).update("")
+        self.chosen.update(self._chosen_text())
+        self.hint.update("")
 
     def action_pick(self, index: int) -> None:
         """A choice's letter, on the list: that answer, and the keys move on to the note."""
-        note = self.query_one("#note", Input)
+        note = self.note
         if note.has_focus:
             return  # (the note takes its letters as text; this is a guard, not the path)
         self.query_one(OptionList).highlighted = index
@@ -123,7 +118,7 @@ class VerdictDialog(Dialog[tuple[str, str] | None]):
         if options.has_focus and event.is_printable and event.character and event.key not in KEYS:
             event.stop()
             event.prevent_default()
-            note = self.query_one("#note", Input)
+            note = self.note
             note.focus()
             note.insert_text_at_cursor(event.character)
 
@@ -138,17 +133,17 @@ class VerdictDialog(Dialog[tuple[str, str] | None]):
     def record(self) -> None:
         index = self.choice
         if index is None:
-            self.query_one("#hint", Label).update("Choose an answer first (h / n / u, or ↑↓), then Enter.")
+            self.hint.update("Choose an answer first (h / n / u, or ↑↓), then Enter.")
             self.query_one(OptionList).focus()
             return
         verdict = VERDICTS[index][0]
-        value = self.query_one("#note", Input).value
+        value = self.note.value
         note = value if value.strip() else ""  # kept as typed
         if self.save is None:
             self.dismiss((verdict, note))
         elif not self._saving:
             self._saving = True
-            self.query_one("#hint", Label).update("Saving…")
+            self.hint.update("Saving…")
             self.run_worker(self._save(verdict, note), exclusive=True)
 
     async def _save(self, verdict: str, note: str) -> None:
