@@ -185,7 +185,7 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
     return "\n".join(out)
 
 
-def _dangling_chunks(events: list[AnyEvent], kind: type = AssistantChunk) -> str:
+def _dangling_chunks(events: list[AnyEvent], kind: type[AssistantChunk | ReasoningChunk]) -> str:
     parts: list[str] = []
     for e in events:
         if isinstance(e, kind):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from rich.cells import cell_len
+from rich.console import ConsoleRenderable
 from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
@@ -70,7 +71,7 @@ class AssistantText(Widget):
         options = self.app.console_options.update(highlight=False, width=width, height=None)
         blocks = plain_blocks(piece.text)
         if blocks is not None:  # plain paragraphs and lists: the same lines without the Markdown stack (start-up, P8)
-            renderable: object = PlainMarkdown(blocks)
+            renderable: ConsoleRenderable = PlainMarkdown(blocks)
         else:
             from .answer_markdown import AnswerMarkdown  # (Markdown and Pygments load with the first such piece)
 

@@ -110,7 +110,7 @@ class PromptInput(TextArea):
                 self.queue_at, self._browsing = None, len(history) - 1
             else:
                 return True  # stay on the oldest queued one
-        else:
+        elif self._browsing is not None:  # (the one case left: browsing the history)
             at = self._browsing + step
             if at < 0:
                 return True  # stay on the oldest

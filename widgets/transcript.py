@@ -184,7 +184,7 @@ class Transcript(VerticalScroll):
         self.anchor()
         self.new_output.set_class(False, "-visible")
 
-    def scroll_end(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def scroll_end(self, *args, **kwargs):
         self.new_output.set_class(False, "-visible")
         return super().scroll_end(*args, **kwargs)
 

@@ -63,7 +63,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Union
 from urllib.parse import unquote, urlparse
 
 import anyio
@@ -86,6 +86,7 @@ from acp.schema import (
     PromptResponse,
     ResourceContentBlock,
     SessionCapabilities,
+    SessionConfigOptionBoolean,
     SessionConfigOptionSelect,
     SessionConfigSelectOption,
     SessionInfo,
@@ -104,7 +105,7 @@ from cairn.persistence.events import MAX_TOKENS, SessionMode, UserMessage, usage
 from cairn.persistence.store import OpenedSession, SessionStore
 from cairn.version import __version__
 
-from ..agent.loop import TurnResult
+from ..agent.loop import MAX_STEPS, TurnResult
 from ..config.resolver import Config, ConfigError, resumed_workspace
 from ..render import USAGE_FIELDS, first_line, format_time, format_usage
 from .session import SessionHost, mode_state, pending_text
@@ -113,6 +114,7 @@ from .updates import attachment_name, looks_binary, replay, session_title, shown
 log = logging.getLogger("cairn.acp")
 
 NOT_FOUND, INVALID_PARAMS, INTERNAL = -32002, -32602, -32603
+ConfigOption = Union[SessionConfigOptionSelect, SessionConfigOptionBoolean]  # (what a session's config list holds)
 
 COMMANDS = [
     AvailableCommand(name="verdict", description="Record what really happened to a call Cairn could not confirm "
@@ -510,7 +512,7 @@ def stop_reason(result: TurnResult | None, session_id: str) -> StopReason:
     if result.reason == "completed":
         return "end_turn"
     assert result.error is not None
-    if result.error.code == "MAX_STEPS":
+    if result.error.code == MAX_STEPS:
         return "max_turn_requests"
     if result.error.code == MAX_TOKENS:
         return "max_tokens"
@@ -521,7 +523,7 @@ def stop_reason(result: TurnResult | None, session_id: str) -> StopReason:
 AS_STARTED = "(as started)"
 
 
-def profile_options(host: SessionHost) -> list[SessionConfigOptionSelect] | None:
+def profile_options(host: SessionHost) -> list[ConfigOption] | None:
     """The config file's profiles as a `profile` select option (ACP session config options), or None without any."""
     from ..config.file import ConfigFileError, read_config_file
 

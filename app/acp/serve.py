@@ -29,7 +29,7 @@ import os
 import signal
 import stat
 import sys
-from typing import Any
+from typing import Any, cast
 
 import acp
 import anyio
@@ -80,7 +80,10 @@ async def serve(config: Config) -> None:
             agent = CairnAgent(config, hosts)
             helpers.start_soon(stop_on_signal, agent, screen)
             try:
-                await acp.run_agent(agent, stdout, screened, observers=[agent.observe])  # returns at end of input
+                # (acp looks each method up by name, calls it with keywords and answers "method not found" for one an
+                # agent lacks: CairnAgent implements the part of `acp.Agent` Cairn supports, not the whole protocol)
+                served = cast(acp.Agent, agent)
+                await acp.run_agent(served, stdout, screened, observers=[agent.observe])  # returns at end of input
             except Exception:
                 log.exception("the connection failed")
             finally:

@@ -51,7 +51,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar, Union
+from typing import Any, Callable, Sequence, TypeVar, Union
 
 from acp import (
     text_block,
@@ -66,6 +66,7 @@ from acp.schema import (
     AgentThoughtChunk,
     ContentToolCallContent,
     FileEditToolCallContent,
+    TerminalToolCallContent,
     ToolCallLocation,
     ToolCallProgress,
     ToolCallStart,
@@ -97,7 +98,7 @@ from ..tools.registry import builtin_safety
 from ..tools.workspace import MissingPath, locate, printable, workspace_root
 
 Update = Union[UserMessageChunk, AgentMessageChunk, AgentThoughtChunk, ToolCallStart, ToolCallProgress]
-Content = Union[ContentToolCallContent, FileEditToolCallContent]
+Content = Union[ContentToolCallContent, FileEditToolCallContent, TerminalToolCallContent]  # (what a card may hold)
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 T = TypeVar("T")
@@ -357,7 +358,7 @@ def verdict_text(verdict: RecoveryVerdict) -> str:
     return f"Operator's verdict: {verdict.verdict}" + (f" ({verdict.note})" if verdict.note else "")
 
 
-def finished_content(info: CallInfo, text: str, extra: list[str] = ()) -> list[Content]:
+def finished_content(info: CallInfo, text: str, extra: Sequence[str] = ()) -> list[Content]:
     content: list[Content] = list(call_content(info.name, info.arguments, info.diff) or [])
     content.append(tool_content(text_block(wire(text))))
     content.extend(tool_content(text_block(wire(t))) for t in extra)

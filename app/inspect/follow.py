@@ -95,7 +95,7 @@ class JsonlTail(Tail):
     def poll(self) -> tuple[list[AnyEvent], int | None]:
         if self.offset is None:
             self.offset = self._start()
-        chunks = []
+        chunks: list[bytes] = []
         while chunk := os.pread(self.fd, _READ, self.offset + sum(map(len, chunks))):
             chunks.append(chunk)
         data = b"".join(chunks)

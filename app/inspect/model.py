@@ -59,7 +59,6 @@ from ..render import first_line, format_usage, result_status, summarize_argument
 
 RECOVERED_CODES = (TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN)
 KINDS = ("boundary", "prompt", "request", "tool", "result", "error", "recovery", "other")
-BARRIERS = ("pre-step", "pre-request", "pre-tool", "turn-end")
 
 # A display line is an event index (>= 0) or a separator: -1 - k, k indexing `View.separators`.
 Separator = tuple[str, str]  # (what: "turn" | "crash" | "torn", text)
@@ -70,18 +69,18 @@ def kind_of(event: AnyEvent, repaired: bool = False) -> str:
     if repaired or isinstance(event, (RecoveryVerdict, RecoveryEvidence)):
         return "recovery"
     t = type(event)
-    if t is ToolResult:
-        if event.error_code in RECOVERED_CODES:  # type: ignore[union-attr]
+    if isinstance(event, ToolResult):
+        if event.error_code in RECOVERED_CODES:
             return "recovery"
-        return "error" if event.is_error else "result"  # type: ignore[union-attr]
-    if t is TurnEnd:
-        reason = event.reason  # type: ignore[union-attr]
+        return "error" if event.is_error else "result"
+    if isinstance(event, TurnEnd):
+        reason = event.reason
         return "error" if reason == "error" else "recovery" if reason == "interrupted" else "boundary"
     if t in (TurnStart, StepStart, StepEnd):
         return "boundary"
     if t is UserMessage:
         return "prompt"
-    if t is AssistantMessage and event.finish_reason in ("length", "content_filter"):  # type: ignore[union-attr]
+    if isinstance(event, AssistantMessage) and event.finish_reason in ("length", "content_filter"):
         return "error"
     if t is RequestRetry:
         return "error"
@@ -443,8 +442,8 @@ class InspectorModel:
         comes after the repaired turn's end)."""
         e = self.events[i]
         text = summary_of(e, width)
-        if type(e) is ToolResult and e.error_code in RECOVERED_CODES:  # type: ignore[union-attr]
-            found = self.evidence_for(e.call_id)  # type: ignore[union-attr]
+        if type(e) is ToolResult and e.error_code in RECOVERED_CODES:
+            found = self.evidence_for(e.call_id)
             if found is not None:
                 text += f" · evidence: {found.finding}"
         elif type(e) is RecoveryVerdict:  # SPEC §11: a later verdict on the call supersedes this one
@@ -463,7 +462,7 @@ class InspectorModel:
     def evidence_for(self, call_id: str) -> RecoveryEvidence | None:
         """The latest evidence recorded (or that repair would record) about `call_id`."""
         if self._evidence_seen != len(self.events):
-            self._evidence = {e.call_id: e for e in self.events if type(e) is RecoveryEvidence}  # type: ignore[misc]
+            self._evidence = {e.call_id: e for e in self.events if type(e) is RecoveryEvidence}
             self._evidence_seen = len(self.events)
         return self._evidence.get(call_id)
 
@@ -475,7 +474,7 @@ class InspectorModel:
 
     def is_recovered_call(self, i: int) -> bool:
         e = self.events[i]
-        return type(e) is ToolResult and e.error_code in RECOVERED_CODES  # type: ignore[union-attr]
+        return type(e) is ToolResult and e.error_code in RECOVERED_CODES
 
     # -- views ------------------------------------------------------------------------------------------------------
 
