@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,11 @@ import pytest
 from cairn import open_session
 from cairn.app.providers.anthropic import AnthropicProvider, to_anthropic
 from cairn.app.providers.base import ModelRequest, ReasoningDelta, StreamEnd, TextDelta, ToolSchema
+from cairn.persistence.events import AssistantChunk
+from cairn.persistence.store import SessionStore
 
 from anthropic_server import AnthropicServer, message, overloaded, rate_limited, signature_for, tool_use, violations
+from waiting import wait_sync
 
 pytestmark = pytest.mark.anyio
 CAIRN = str(Path(sys.executable).parent / "cairn")
@@ -236,8 +238,12 @@ def test_sigkill_mid_stream_then_resume_sends_a_conversation_the_api_accepts(tmp
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             s.wait_for_hold(1, timeout=30)
-            time.sleep(0.3)  # let the chunks already sent reach the log's write-behind
             first_line = child.stdout.readline()
+            # the chunks already sent reach the log (write-behind) before the kill: the resume has half an answer
+            store = SessionStore(tmp_path / "home")
+            wait_sync(lambda: any(isinstance(e, AssistantChunk)
+                                  for e in store.backend.load(json.loads(first_line)["id"]).events),
+                      "the first chunk in the log", timeout=30)
             os.kill(child.pid, signal.SIGKILL)
             child.wait(timeout=10)
         finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from waiting import wait_until
 
 from cairn.persistence.coordinator import CoordinatorClosed
 from cairn.persistence.errors import CheckpointFailed
@@ -97,14 +98,6 @@ def chunks(n: int, start: int = 0) -> list[AnyEvent]:
 def stored(store: SessionStore, session_id: str = "s") -> list[bytes]:
     """What a separate reader finds on disk right now, event by event."""
     return [encode_event(e) for e in SessionStore(store.home, store.backend.name).backend.load(session_id).events]
-
-
-async def wait_until(condition, what: str, limit: float = 10.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit} s waiting for {what}")
-        await anyio.sleep(0.002)
 
 
 async def test_concurrent_flushes_share_one_fsync(tmp_path, backend_name):

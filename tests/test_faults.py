@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import errno
 import sqlite3
-import time
 from pathlib import Path
 
 import anyio
 import pytest
+from waiting import wait_until
 
 from cairn.persistence.errors import CheckpointFailed, StoreUnavailable
 from cairn.persistence.events import (
@@ -165,14 +165,6 @@ class Rig:
 
 def chunks(n: int, start: int = 0) -> list[AnyEvent]:
     return [AssistantChunk(turn=1, step=1, delta=f"chunk {i} " + "x" * 40) for i in range(start, start + n)]
-
-
-async def wait_until(condition, what: str, limit: float = 10.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit} s waiting for {what}")
-        await anyio.sleep(0.002)
 
 
 IO_PATHS = ["inline", "thread"]

@@ -15,6 +15,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,10 +35,11 @@ from cairn.persistence.errors import (
 from cairn.persistence.events import StepStart, TurnStart
 from cairn.persistence.jsonl import FileOps, JsonlBackend
 from cairn.persistence.session import LiveSession
-from cairn.persistence.sqlite import SqliteBackend
+from cairn.persistence.sqlite import INLINE_BUSY_WAIT, SqliteBackend, SqliteWriter
 from cairn.persistence.store import SessionStore
 
 from test_contract import complete_turn, open_turn, release, write_session
+from waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -374,21 +376,31 @@ async def test_sqlite_write_lock_held_elsewhere_is_exit_3_in_one_line(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
 
 
-async def test_sqlite_busy_wait_on_the_event_loop_stays_short(tmp_path):
+async def test_sqlite_busy_wait_on_the_event_loop_stays_short(tmp_path, monkeypatch):
     """A live append that finds the database locked waits only briefly on the event loop, fails the barrier (the
     events stay queued), and later writes move to a worker thread where waiting does not stall the loop."""
+    waits: list[tuple[bool, int]] = []  # each write's (on the event loop?, how long it may wait for the lock in ms)
+    begin = SqliteWriter._begin
+
+    def recorded_begin(self: SqliteWriter) -> None:
+        try:
+            begin(self)
+        finally:
+            waits.append((threading.current_thread() is threading.main_thread(), self._busy_ms))
+
+    monkeypatch.setattr(SqliteWriter, "_begin", recorded_begin)
     store = SessionStore(tmp_path, "sqlite")
     async with LiveSession(store.create("/w", "s"), window=3600) as live:
         live.append(TurnStart(turn=1))
         await live.flush()
         holder = hold_write_lock(tmp_path / "sessions.sqlite3")
-        stalls = []
+        ticks = 0
 
         async def ticker() -> None:
+            nonlocal ticks
             while True:
-                t = time.monotonic()
                 await anyio.sleep(0.01)
-                stalls.append(time.monotonic() - t)
+                ticks += 1
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker)
@@ -396,14 +408,24 @@ async def test_sqlite_busy_wait_on_the_event_loop_stays_short(tmp_path):
             with pytest.raises(CheckpointFailed):
                 await live.flush()
             assert live.coordinator.queued == 1
+            # on the event loop it allowed itself INLINE_BUSY_WAIT for the lock, never the full busy timeout (10 s)
+            assert waits and {ms for on_loop, ms in waits if on_loop} == {int(INLINE_BUSY_WAIT * 1000)}, waits
             assert live.coordinator._writer.inline_safe is False  # from now on: a worker thread
-            with anyio.fail_after(5):
+            flushed: list[bool] = []
+
+            async def flush() -> None:
+                await live.flush()
+                flushed.append(True)
+
+            with anyio.fail_after(30):
                 async with anyio.create_task_group() as waiting:
-                    waiting.start_soon(live.flush)  # waits for the lock in a thread
-                    await anyio.sleep(0.2)
+                    waiting.start_soon(flush)  # waits for the lock in a thread...
+                    seen = ticks
+                    await wait_until(lambda: ticks >= seen + 10, "the event loop to keep running")
+                    assert not flushed  # ...while the loop runs on: the lock is still held, the flush still waiting
                     holder.close()
+            assert flushed
             tg.cancel_scope.cancel()
-        assert max(stalls) < 1.0  # (the full busy timeout is 10 s: the loop never waited for it)
     assert [e.seq for e in store.inspect("s").events] == [0, 1]
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from crash_harness import CAIRN, Rig
-from tui_helpers import CREATED, completed_turn, crashed_turn, make_world, wait_for, write_log
+from tui_helpers import CREATED, completed_turn, crashed_turn, make_world, wait_for, wait_sync, write_log
 
 from cairn.app.inspect.follow import JsonlTail, SqliteTail, open_tail
 from cairn.app.inspect.model import FilterError, InspectorModel, format_delta, parse_filter
@@ -325,7 +325,7 @@ async def test_follow_shows_each_event_a_headless_run_writes_and_then_that_it_en
     child = rig.spawn("run", "--provider", "script", "--script", script, "--session-id", "live", "--yes", "go")
     try:
         store = rig.store()
-        await asyncio.to_thread(lambda: _wait_sync(lambda: len(rig.stored_types("live")) >= 3, "the first events"))
+        await asyncio.to_thread(lambda: wait_sync(lambda: len(rig.stored_types("live")) >= 3, "the first events", timeout=20))
         screen = InspectorScreen.load(store, "live", follow=True)
         app = InspectorApp(screen)
         sizes, states = [], set()
@@ -352,14 +352,6 @@ async def test_follow_shows_each_event_a_headless_run_writes_and_then_that_it_en
         assert child.finish() == 0
     finally:
         rig.cleanup()
-
-
-def _wait_sync(condition, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # -- snapshots of a crashed-and-repaired session -------------------------------------------------------------------

@@ -3,7 +3,8 @@
 - `cairn.persistence` imports nothing from `cairn.app`, `cairn.widgets` or Textual;
 - `cairn.widgets` imports nothing from `cairn.app`;
 - `cairn.app.agent` (the loop and its checkpoint policy) imports no face: cli, tui, headless, api, compose, acp, screens;
-- no two project modules import each other, directly or round a loop.
+- no two project modules import each other, directly or round a loop;
+- no module is longer than MODULE_LINE_CAP lines: a room that grows past it does several jobs (issue 41 aims at ~500).
 
 The graph is read from the source with `ast`, so an import inside a function counts as much as one at the top.
 """
@@ -107,12 +108,16 @@ def violations(graph: dict[str, set[str]], importer: tuple[str, ...], forbidden:
                   for t in targets if within(t, forbidden))
 
 
-def project_graph() -> dict[str, set[str]]:
+def project_modules() -> dict[str, Path]:
     """From where each package really is: an editable install keeps app/, widgets/ and persistence/ beside cairn/."""
     modules: dict[str, Path] = {}
     for package in (cairn, cairn.app, cairn.widgets, cairn.persistence):
         modules.update(modules_under(Path(package.__file__).parent, package.__name__))
-    return import_graph(modules)
+    return modules
+
+
+def project_graph() -> dict[str, set[str]]:
+    return import_graph(project_modules())
 
 
 GRAPH = project_graph()
@@ -148,6 +153,25 @@ def test_app_keeps_at_most_ten_modules_beside_its_rooms():
     app = Path(cairn.app.__file__).parent
     own = sorted(p.name for p in app.glob("*.py") if p.name != "__init__.py")
     assert len(own) <= 10, own
+
+
+MODULE_LINE_CAP = 600
+
+
+def oversized(modules: dict[str, Path], cap: int = MODULE_LINE_CAP) -> list[str]:
+    """The modules longer than `cap` lines, each with its length."""
+    lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in modules.items()}
+    return sorted(f"{name}: {n} lines" for name, n in lengths.items() if n > cap)
+
+
+def test_no_module_is_longer_than_the_cap():
+    assert oversized(project_modules()) == []
+
+
+def test_the_size_rule_names_a_module_over_the_cap(tmp_path):
+    (tmp_path / "small.py").write_text("x = 1\n" * MODULE_LINE_CAP)
+    (tmp_path / "big.py").write_text("x = 1\n" * (MODULE_LINE_CAP + 1))
+    assert oversized(modules_under(tmp_path, "demo")) == [f"demo.big: {MODULE_LINE_CAP + 1} lines"]
 
 
 def test_the_checks_catch_a_circle_and_a_layer_broken_in_a_package_made_for_it(tmp_path):

@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import pytest
 from agent_helpers import script_agent, types
+from waiting import wait_until
 
 from cairn.app.agent.approval import ApprovalRequest, headless_approver
 from cairn.app.tools.base import Tool, ToolContext
@@ -34,12 +35,6 @@ def after_message(events: list[Any], count: int | None = None) -> list[str]:
     assert kinds[:4] == ["turn/start", "step/start", "user/message", "request/header"]
     start = kinds.index("assistant/message")
     return kinds[start : None if count is None else start + count]
-
-
-async def wait_for(predicate: Any, timeout: float = 10) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.005)
 
 
 async def test_plain_turn_emits_the_exact_sequence(tmp_path):
@@ -147,7 +142,7 @@ async def test_cancel_mid_stream_records_an_interrupted_message(tmp_path):
                 got.append(await agent.run("talk"))
 
             tg.start_soon(run)
-            await wait_for(lambda: types(agent.session.events).count("assistant/chunk") >= 3)
+            await wait_until(lambda: types(agent.session.events).count("assistant/chunk") >= 3, "three chunks")
             agent.loop.cancel()
         events = agent.session.events
     n = types(events).count("assistant/chunk")
@@ -171,7 +166,7 @@ async def test_cancel_mid_tool_kills_the_command_and_records_outcome_unknown(tmp
     async with script_agent(tmp_path, responses) as agent:
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.run, "sleep")
-            await wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+            await wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "", "the command's pid")
             agent.loop.cancel()
         events = agent.session.events
     assert after_message(events) == [
@@ -254,7 +249,7 @@ async def test_leaving_the_composition_mid_turn_writes_real_closing_events(tmp_p
     responses = [{"text": "y" * 100, "chunks": 50, "delay_ms": 20}]
     async with script_agent(tmp_path, responses) as agent:
         agent.loop.submit("talk")
-        await wait_for(lambda: "assistant/chunk" in types(agent.session.events))
+        await wait_until(lambda: "assistant/chunk" in types(agent.session.events), "the first chunk")
     # after exit: the loop was cancelled and waited for; the session flushed and closed
     from cairn.persistence.store import SessionStore
 

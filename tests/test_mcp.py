@@ -16,13 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
 import pytest
 from acp_helpers import RecordingClient, agent_stderr, connect, prompt, rig_fixture, script_env, wait_for
 from crash_harness import Rig, json_lines, wait_until
+from waiting import alive
 
 from cairn.app.config.file import ConfigFileError, read_config_file
 from cairn.app.config.resolver import ConfigError, resolve_config
@@ -55,18 +55,6 @@ def records(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes (its parent has not reaped it yet)
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def calls(responses_calls: list[tuple[str, dict]]) -> list[dict]:
@@ -226,10 +214,8 @@ def test_a_server_that_fails_or_hangs_at_start_is_reported_and_the_session_still
                     server_table("stuck", "--hang-start", more="startup_timeout = 1\n"),
                     '[mcp_servers.missing]\ncommand = "no-such-mcp-server"\n')
     env.update(script_env(rig, calls([("tix__lookup", {"query": "q"}), ("broken__lookup", {"query": "q"})])))
-    started = time.monotonic()
-    proc, events = run_json(rig, env, "go")
+    proc, events = run_json(rig, env, "go")  # the hung server never answers: had Cairn waited for it, this never ends
     assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - started < 30  # the hung server was given up on, not waited for
     lines = [line for line in proc.stderr.splitlines() if "did not start" in line]
     assert len(lines) == 3, proc.stderr
     assert any("broken" in line and "cannot reach the ticket system" in line for line in lines)

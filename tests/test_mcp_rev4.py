@@ -18,7 +18,6 @@ import random
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -150,13 +149,11 @@ def test_schema_problem_takes_object_schemas_and_refuses_the_rest():
 def test_an_answer_with_a_lone_surrogate_arrives_at_once_over_stdio(rig):
     env = configure(rig, stdio_table("call_timeout = 30\n"))
     env.update(script_env(rig, [{"tool_calls": [{"name": "raw__emoji", "arguments": {}}]}, {"text": "done"}]))
-    started = time.monotonic()
     proc = rig.run("run", "--json", "go", env=env)
-    took = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
     (result,) = by_type(json_lines(proc.stdout), "tool/result")
+    # the answer itself, not the call_timeout's error: a dropped answer would have ended the call only by timing out
     assert (result["is_error"], result["content"]) == (False, EMOJI_ANSWER), result
-    assert took < 15, f"the answer waited {took:.1f} s"  # not the 30 s of call_timeout
     assert "Failed to parse" not in proc.stderr, proc.stderr  # nothing was dropped
 
 
@@ -166,16 +163,13 @@ def test_an_answer_with_a_lone_surrogate_arrives_at_once_over_http(rig):
     try:
         env = configure(rig, f'[mcp_servers.raw]\nurl = "http://127.0.0.1:{port}/mcp"\ncall_timeout = 30\n')
         env.update(script_env(rig, [{"tool_calls": [{"name": "raw__emoji", "arguments": {}}]}, {"text": "done"}]))
-        started = time.monotonic()
         proc = rig.run("run", "--json", "go", env=env)
-        took = time.monotonic() - started
     finally:
         server.kill()
         server.wait(timeout=10)
     assert proc.returncode == 0, proc.stderr
     (result,) = by_type(json_lines(proc.stdout), "tool/result")
-    assert (result["is_error"], result["content"]) == (False, EMOJI_ANSWER), result
-    assert took < 15, f"the answer waited {took:.1f} s"
+    assert (result["is_error"], result["content"]) == (False, EMOJI_ANSWER), result  # the answer, not the timeout
 
 
 def test_lone_surrogate_escapes_are_replaced_wherever_a_chunk_ends():
@@ -217,7 +211,7 @@ def test_a_message_boundary_is_never_held_back():
 
 
 async def _call_twice(rig: Rig, port: int, server: subprocess.Popen, kill_first: bool,
-                      tool: str) -> tuple[list[Any], float]:
+                      tool: str) -> list[Any]:
     from cairn.app.agent.approval import headless_approver
     from cairn.app.compose import open_agent
     from cairn.app.config.resolver import resolve_config
@@ -234,11 +228,9 @@ async def _call_twice(rig: Rig, port: int, server: subprocess.Popen, kill_first:
         if kill_first:  # down before the call is made
             server.kill()
             server.wait(timeout=10)
-        started = time.monotonic()
         with anyio.fail_after(60):
             await agent.run("go")
-        took = time.monotonic() - started
-        return [e for e in agent.session.events if isinstance(e, ToolResult)], took
+        return [e for e in agent.session.events if isinstance(e, ToolResult)]
 
 
 @pytest.mark.anyio
@@ -246,7 +238,7 @@ async def test_a_call_to_an_http_server_that_is_already_down_says_it_never_reach
     port = free_port()
     server = http_server(port)
     try:
-        (first, second), took = await _call_twice(rig, port, server, True, "good")
+        first, second = await _call_twice(rig, port, server, True, "good")
     finally:
         server.kill()
         server.wait(timeout=10)
@@ -256,7 +248,6 @@ async def test_a_call_to_an_http_server_that_is_already_down_says_it_never_reach
     assert "was never sent and did not run" in first.content
     # the next call tries to start the server again, and says the same in its own words
     assert second.is_error and second.error_code == "TOOL_ERROR" and "`web__good` was not called" in second.content
-    assert took < 20
 
 
 @pytest.mark.anyio
@@ -264,7 +255,7 @@ async def test_an_http_server_that_dies_during_the_call_is_still_outcome_unknown
     port = free_port()
     server = http_server(port)
     try:
-        (first, second), _ = await _call_twice(rig, port, server, False, "die")
+        first, second = await _call_twice(rig, port, server, False, "die")
     finally:
         server.kill()
         server.wait(timeout=10)

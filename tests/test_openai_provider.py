@@ -238,10 +238,9 @@ async def test_early_break_closes_cleanly(server, provider):
 
 async def test_cancellation_while_waiting_is_not_a_provider_error(server, provider):
     server.push(hang())
-    start = time.monotonic()
     with anyio.move_on_after(0.3) as scope:
         await collect(provider)  # provider timeout is 5 s; the caller's cancellation wins and propagates as-is
-    assert scope.cancelled_caught and time.monotonic() - start < 2
+    assert scope.cancelled_caught  # (had the provider's timeout come first, its ProviderError would have propagated)
     server.release()
     server.push(text("after"))
     assert (await collect(provider))[0] == TextDelta("after")
@@ -274,12 +273,11 @@ async def test_http_error_message_is_truncated_and_plain_text_bodies_work(server
 async def test_hung_connection_times_out(server):
     server.push(hang())
     p = OpenAIProvider("m", base_url=server.base_url, api_key=KEY, timeout=0.5)
-    start = time.monotonic()
     try:
-        err = await failure(p)
+        with anyio.fail_after(30):  # the server never answers: only the provider's own timeout ends this
+            err = await failure(p)
     finally:
         await p.aclose()
-    assert time.monotonic() - start < 3
     assert err.code == "TIMEOUT" and "timed out" in str(err) and "0.5s" in str(err)
     assert_one_line_no_key(err)
 
@@ -288,14 +286,12 @@ async def test_stream_that_hangs_midway_times_out(server):
     server.push(text("abcdef", chunks=6, hold_after=2))
     p = OpenAIProvider("m", base_url=server.base_url, api_key=KEY, timeout=0.5)
     received = []
-    start = time.monotonic()
     try:
-        with pytest.raises(ProviderError) as info:
+        with anyio.fail_after(30), pytest.raises(ProviderError) as info:  # the server holds the rest for good
             async for item in p.stream(make_request()):
                 received.append(item)
     finally:
         await p.aclose()
-    assert time.monotonic() - start < 3
     assert received == [TextDelta("a")]  # role chunk + "a" were sent before the hold
     assert info.value.code == "TIMEOUT" and "middle of the answer" in str(info.value)
 

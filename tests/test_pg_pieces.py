@@ -13,7 +13,7 @@ from cairn.persistence.checks import RunningCheck, verify_checks, verify_pieces
 from cairn.persistence.codec import decode_events
 from cairn.persistence.errors import PersistenceError
 from cairn.persistence.events import TurnStart, UserMessage, encode_event
-from cairn.persistence.postgres import PIECE_ROWS, decode_parts, decode_rows
+from cairn.persistence.postgres_load import PIECE_ROWS, decode_parts, decode_rows
 from cairn.persistence.store import SessionStore
 
 

@@ -36,7 +36,8 @@ from cairn.persistence.errors import (
     UnsupportedFormat,
 )
 from cairn.persistence.events import AssistantChunk, StepEnd, StepStart, TurnEnd, TurnStart, UserMessage, encode_event
-from cairn.persistence.postgres import VALUES_ROWS, PostgresBackend, lock_key
+from cairn.persistence.postgres import PostgresBackend
+from cairn.persistence.postgres_schema import VALUES_ROWS, lock_key
 from cairn.persistence.session import LiveSession
 from cairn.persistence.store import SessionStore
 
@@ -445,7 +446,7 @@ async def test_server_restarted_mid_session_is_reconnected_to_and_the_barrier_wr
 
 async def test_a_server_gone_longer_than_the_retries_fails_the_barrier_truthfully_and_loses_nothing(
         tmp_path, monkeypatch):
-    import cairn.persistence.postgres as pg
+    import cairn.persistence.postgres_connections as pg
 
     monkeypatch.setattr(pg, "RECONNECT_FOR", 1.0)
     with private_server() as server:

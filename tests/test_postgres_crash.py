@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import anyio
 import psycopg
@@ -33,6 +37,7 @@ from pg_helpers import (
     run_crash_trial,
     stored_rows,
 )
+from waiting import wait_sync
 
 from cairn.persistence.errors import CheckpointFailed, CorruptLog, StaleWriter
 from cairn.persistence.events import StepEnd, StepStart, ToolProgress, TurnEnd, TurnStart, UserMessage
@@ -214,6 +219,39 @@ async def test_a_stored_tail_this_writer_did_not_leave_is_refused_and_nothing_is
 # -- the before-image store rides out a short outage ------------------------------------------------------------------
 
 
+@contextmanager
+def stand_in(server) -> Iterator[Callable[[], int]]:
+    """While `server` is halted, a socket where its own was: every attempt to reach it is counted and dropped (a lost
+    connection, as the server being away looks). Gives how many attempts came; the socket is gone on leaving."""
+    path = server.dir / f".s.PGSQL.{server.port}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+    attempts = 0
+    stop = threading.Event()
+
+    def refuse() -> None:
+        nonlocal attempts
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            attempts += 1
+            conn.close()
+
+    thread = threading.Thread(target=refuse, daemon=True)
+    thread.start()
+    try:
+        yield lambda: attempts
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
+        path.unlink(missing_ok=True)
+
+
 @pytest.mark.slow
 def test_a_short_outage_while_a_before_image_is_stored_is_retried_and_the_turn_completes(tmp_path):
     from openai_server import OpenAIServer, text, tool_calls
@@ -232,8 +270,11 @@ def test_a_short_outage_while_a_before_image_is_stored_is_retried_and_the_turn_c
         try:
             model.wait_for_hold(1, timeout=30)  # the model is answering; the write_file call is still to come
             server.halt()
-            model.release()  # the call arrives: its before-image is stored while the server is away
-            time.sleep(0.7)
+            with stand_in(server) as knocks:
+                before = knocks()
+                model.release()  # the call arrives: its before-image is stored while the server is away
+                wait_sync(lambda: knocks() > before, "cairn to try the server after the call came", timeout=30)
+                assert (ws / "notes.txt").read_text() == "the original notes\n"  # the write waits for its image
             server.start()
             out, err = child.communicate(timeout=90)
         finally:

@@ -13,13 +13,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from powercut_fs import FSTYPE, PowerCutFS, fsync_dir, mounted_at, require
+from waiting import wait_sync
 
 
 @pytest.fixture
@@ -37,13 +37,6 @@ def write_file(path: Path, data: bytes, *, fsync: bool) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def wait_for(condition, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 def test_written_not_fsynced_content_is_gone_after_a_cut(pcfs: PowerCutFS) -> None:
@@ -356,7 +349,7 @@ def test_a_killed_daemon_leaves_no_mount(tmp_path: Path) -> None:
         assert fs.pid is not None
         os.kill(fs.pid, signal.SIGKILL)
 
-        wait_for(lambda: str(fs.mountpoint) not in Path("/proc/mounts").read_text(), "the reaper's unmount")
+        wait_sync(lambda: str(fs.mountpoint) not in Path("/proc/mounts").read_text(), "the reaper's unmount")
     finally:
         fs.stop()
 

@@ -15,19 +15,11 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import write_script
+from waiting import wait_dead
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
 
 pytestmark = pytest.mark.slow
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
 def start(tmp_path: Path) -> tuple[subprocess.Popen, dict, int]:
@@ -60,10 +52,7 @@ def test_a_signal_ends_the_turn_in_order_and_leaves_no_process(tmp_path, signum)
     _, err = child.communicate(timeout=10)
     assert child.returncode == 130, err
     assert "Traceback" not in err
-    deadline = time.monotonic() + 5
-    while alive(command_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(command_pid), "the command's process group was stopped"
+    assert wait_dead(command_pid), "the command's process group was stopped"
     events = stored(env)
     assert events[-1]["type"] == "turn/end" and events[-1]["reason"] == "cancelled"
     (result,) = [e for e in events if e["type"] == "tool/result"]
@@ -90,7 +79,4 @@ def test_two_signals_in_a_row_exit_130_and_the_log_stays_resumable(tmp_path):
     resumed = subprocess.run([CAIRN, "run", "--resume", "s", "--provider", "demo", "hello"], env=env,
                              capture_output=True, text=True, timeout=60, cwd=tmp_path / "ws")
     assert resumed.returncode == 0, resumed.stderr
-    deadline = time.monotonic() + 5
-    while alive(command_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(command_pid), "even an abrupt exit leaves no command running (it dies with cairn)"
+    assert wait_dead(command_pid), "even an abrupt exit leaves no command running (it dies with cairn)"

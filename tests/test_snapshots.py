@@ -10,14 +10,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_rewind import World
+from cli_world import CAIRN, World
 
-CAIRN = str(Path(sys.executable).parent / "cairn")
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import pytest
 
@@ -41,13 +39,14 @@ from tui_helpers import (
     CWD,
     DEPLOY,
     SESSION_ID,
-    SIZE,
     completed_turn,
     crashed_turn,
     approval_ready,
     ended_turns,
     make_world,
     results,
+    running,
+    submit,
     types_of,
     top_screen,
     wait_for,
@@ -62,25 +61,9 @@ pytestmark = pytest.mark.anyio
 SLOW = {"text": "streaming a long answer " * 10, "chunks": 100, "delay_ms": 50}  # ~5 s unless cut short
 
 
-@asynccontextmanager
-async def running(app: CairnApp) -> AsyncIterator:
-    """`app.run_test()`, and whatever happens, no session left locked by this process afterwards."""
-    try:
-        async with app.run_test(size=SIZE) as pilot:
-            yield pilot
-    finally:
-        app.close_if_still_open()
-
-
 async def type_prompt(pilot, text: str) -> None:
     """Key by key, as a user types (about 70 ms a key under the pilot)."""
     await pilot.press(*text, "enter")
-
-
-async def submit(pilot, text: str) -> None:
-    """The text placed in the prompt at once, then a real Enter: for tests about what happens after the prompt."""
-    pilot.app.chat.query_one(PromptInput).insert(text)
-    await pilot.press("enter")
 
 
 def status_text(app: CairnApp) -> str:
@@ -385,7 +368,8 @@ async def test_resume_screen_lists_repaired_calls_and_its_verdict_lands_before_t
 
         # a prompt that reaches the chat while the screen is up does not start a turn
         app.chat.post_message(PromptInput.Submitted("sneaking past the resume screen"))
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: app.chat.history.entries[-1:] == ["sneaking past the resume screen"],
+                       "the chat to take the prompt (into its history, not a turn)")
         assert [e.reason for e in turn_ends(app)] == ["interrupted"]
         assert not any(isinstance(e, TurnStart) and e.turn == 2 for e in app.session.events)
 

@@ -3,13 +3,9 @@ or reasoning with tool calls, the next request is one the strictest servers acce
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import AsyncIterator
-
 import pytest
 from openai_server import OpenAIServer, cut_off, error, text, tool_calls
-from tui_helpers import wait_for
+from tui_helpers import strict_app, wait_for
 
 from cairn.app.config.resolver import resolve_config
 from cairn.app.tui import CairnApp
@@ -20,22 +16,6 @@ from cairn.widgets.reasoning import ReasoningBlock
 from cairn.widgets.status_bar import StatusBar
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def strict_app(tmp_path: Path, server: OpenAIServer) -> AsyncIterator:
-    workspace = tmp_path / "ws"
-    workspace.mkdir(exist_ok=True)
-    home = tmp_path / "home"
-    config = resolve_config(home=str(home), provider="openai", model="strict-model", base_url=server.base_url,
-                            workspace=str(workspace), env={"CAIRN_API_KEY": "sk-tui", "CAIRN_MAX_RETRIES": "0"})
-    store = SessionStore(home, "jsonl")
-    app = CairnApp(config, store.create(cwd=str(workspace), deferred=True), store)
-    try:
-        async with app.run_test(size=(120, 40)) as pilot:
-            yield app, pilot
-    finally:
-        app.close_if_still_open()
 
 
 async def send(app: CairnApp, pilot, words: str, turns: int) -> list[TurnEnd]:
@@ -161,10 +141,11 @@ async def test_the_status_bar_shows_the_host_when_the_operator_named_another_ser
                                                    base_url=named, env={"CAIRN_PROVIDER": "openai"}), opened.events)
         app = CairnApp(config, opened, world.store)
         async with app.run_test(size=(120, 30)) as pilot:
-            await pilot.pause(0.2)
-            assert app.chat.query_one(StatusBar).provider == "openai/m" + shown
+            bar = await wait_for(pilot, lambda: app.chat is not None and app.chat.query(StatusBar)
+                                 and app.chat.query_one(StatusBar), "the status bar")
+            await wait_for(pilot, lambda: bar.provider, "the status bar to name the provider")
+            assert bar.provider == "openai/m" + shown
             await pilot.press("ctrl+q")
-            await pilot.pause(0.2)
         opened = world.store.open_for_resume("s")
     from cairn.app.compose import close_unused
 

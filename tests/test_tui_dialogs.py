@@ -9,9 +9,9 @@ Deterministic: fixed session ids and times, fixed workspaces for the previews, t
 from __future__ import annotations
 
 import pytest
-from test_tui_rewind import choose_turn, fixed_turns, open_by_slash
-from test_tui_snapshots import fixed_workspace
+from rewind_worlds import dialog_at_turn, fixed_turns
 from tui_helpers import approval_ready, crashed_turn, make_world, screen_text, top_screen, wait_for, write_log
+from tui_helpers import fixed_workspace, picture, repaint  # the pictures
 
 from cairn.app.screens.approval import ApprovalModal, Choices
 from cairn.app.screens.confirm import ConfirmDialog
@@ -24,28 +24,6 @@ from cairn.widgets.tool_card import ToolCard
 SIZES = [(80, 24), (120, 40)]
 SIZE_IDS = [f"{w}x{h}" for w, h in SIZES]
 COMMAND = "pytest -q tests/test_parser.py -k 'rule and not slow'"
-
-
-def picture(snap_compare, app, size, run_before) -> bool:
-    async def prepare(pilot) -> None:
-        app.theme = "textual-dark"
-        if app.chat is not None:
-            app.chat.query_one(PromptInput).cursor_blink = False
-        await run_before(pilot)
-
-    try:
-        return snap_compare(app, run_before=prepare, terminal_size=size)
-    finally:
-        app.close_if_still_open()
-
-
-async def settled(pilot, app) -> None:
-    """The chat behind a dialog is composited from its last paint: repaint it once its events are applied."""
-    if app.chat is not None:
-        app.chat.refresh(layout=True)
-    app.screen.refresh(layout=True)
-    await pilot.pause()
-    await pilot.pause()
 
 
 def inside(app, region) -> str:
@@ -77,7 +55,7 @@ def test_approval_dialog_picture(snap_compare, tmp_path, size):
         await pilot.press("enter")
         modal: ApprovalModal = await approval_ready(pilot, app)
         await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["awaiting approval"], "card")
-        await settled(pilot, app)
+        await repaint(pilot, app, durable=False)
         labels = modal.query_one("#choices", Choices).labels()
         assert_shows(app, modal.query_one("#dialog").region, size, "Allow run_command?", COMMAND, *labels,
                      "Choose with a key")
@@ -99,7 +77,7 @@ def test_approval_dialog_waiting_for_tab_while_the_operator_types_picture(snap_c
         modal = await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal) and app.screen.is_mounted
                                and app.screen, "the dialog")
         await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["awaiting approval"], "card")
-        await settled(pilot, app)
+        await repaint(pilot, app, durable=False)
         assert not modal.armed
         assert_shows(app, modal.query_one("#dialog").region, size, "Allow run_command?", HELD_TEXT,
                      *modal.query_one("#choices", Choices).labels())
@@ -119,7 +97,7 @@ def test_verdict_dialog_with_a_note_picture(snap_compare, tmp_path, size):
         await pilot.press("v")
         dialog = await wait_for(pilot, lambda: isinstance(app.screen, VerdictDialog) and app.screen, "the dialog")
         await pilot.press("n", *("space" if c == " " else c for c in "found nothing on the server"))
-        await settled(pilot, app)
+        await repaint(pilot, app, durable=False)
         assert dialog.choice == 1
         assert_shows(app, dialog.query_one("Vertical").region, size, "Did run_command (call_1_1_1) take effect?",
                      "h  It happened", "n  It did not happen", "u  Leave it unknown",
@@ -136,9 +114,8 @@ def test_rewind_dialog_and_its_keys_picture(snap_compare, tmp_path, size):
     app = world.resume_app("rewind-id")
 
     async def shown(pilot) -> None:
-        dialog = await open_by_slash(pilot, app)
-        await choose_turn(pilot, dialog, 2)
-        await settled(pilot, app)
+        dialog = await dialog_at_turn(pilot, app, 2)
+        await repaint(pilot, app, durable=False)
         assert_shows(app, dialog.query_one("Vertical").region, size, "Rewind", "2  change a.txt and add b.txt",
                      "Files [f]", "Conversation [c]", "Both [b]", "Cancel [esc]", "↑↓ choose the turn")
 
@@ -152,11 +129,10 @@ def test_rewind_per_path_question_picture(snap_compare, tmp_path, size):
     app = world.resume_app("rewind-id")
 
     async def asked(pilot) -> None:
-        dialog = await open_by_slash(pilot, app)
-        await choose_turn(pilot, dialog, 2)
+        await dialog_at_turn(pilot, app, 2)
         await pilot.press("b")
         question = await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the question")
-        await settled(pilot, app)
+        await repaint(pilot, app, durable=False)
         assert question.takes_keys  # `b` is the operator's own key on a dialog: no typing, keys at once
         assert_shows(app, question.query_one("Vertical").region, size, "notes.md", "Overwrite it?",
                      "Leave it [n]", "Overwrite [y]", "y yes · n or Esc no")

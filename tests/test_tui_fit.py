@@ -15,6 +15,7 @@ from tui_helpers import (
     crashed_turn,
     ended_turns,
     make_world,
+    picture,
     screen_text,
     top_screen,
     wait_for,
@@ -285,19 +286,6 @@ SIZES = [(80, 24), (120, 32), (200, 50)]
 size_ids = [f"{w}x{h}" for w, h in SIZES]
 
 
-def fit_snapshot(snap_compare, app, size, run_before) -> bool:
-    async def prepare(pilot) -> None:
-        app.theme = "textual-dark"
-        if app.chat is not None:
-            app.chat.query_one(PromptInput).cursor_blink = False
-        await run_before(pilot)
-
-    try:
-        return snap_compare(app, run_before=prepare, terminal_size=size)
-    finally:
-        app.close_if_still_open()
-
-
 def in_workspace(world, path: str = "/tmp/cairn-fit-workspace"):
     """Previews and cards show where a command runs: a fixed directory, so no picture carries pytest's tmp path."""
     import shutil
@@ -331,7 +319,7 @@ def test_fit_chat_with_a_running_card(snap_compare, tmp_path, size):
         shown = screen_text(app)
         assert "⟳ running" in shown and "[side_effecting]" in shown
 
-    assert fit_snapshot(snap_compare, app, size, running)
+    assert picture(snap_compare, app, size, running)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=size_ids)
@@ -353,7 +341,7 @@ def test_fit_chat_with_recovered_cards(snap_compare, tmp_path, size):
         shown = screen_text(app)
         assert "OUTCOME_UNKNOWN" in shown and "NOT_STARTED" in shown
 
-    assert fit_snapshot(snap_compare, app, size, recovered)
+    assert picture(snap_compare, app, size, recovered)
 
 
 @pytest.mark.parametrize("size", SIZES + [(60, 15)], ids=size_ids + ["60x15"])
@@ -380,7 +368,7 @@ def test_fit_resume_screen(snap_compare, tmp_path, size):
         assert button.region.height >= 1 and app.screen.region.contains_region(button.region)
         assert "Continue to the chat" in text
 
-    assert fit_snapshot(snap_compare, app, size, shown)
+    assert picture(snap_compare, app, size, shown)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=size_ids)
@@ -400,7 +388,7 @@ def test_fit_sessions_list(snap_compare, tmp_path, utc, size):
         assert "20251202-101500-a1b2c3" in text and "20251202-113000-d4e5f6" in text  # whole ids, at 80 too
         assert "interrupted" in text and "completed" in text
 
-    assert fit_snapshot(snap_compare, app, size, shown)
+    assert picture(snap_compare, app, size, shown)
 
 
 # -- garbage collection at quiet moments ----------------------------------------------------------------------------

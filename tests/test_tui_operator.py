@@ -9,11 +9,11 @@ mistake cannot hide a clipped word. No test here asserts a duration.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from tui_helpers import approval_ready, completed_turn, make_world, screen_text, top_screen, wait_for, write_log
+from tui_helpers import fixed_workspace, picture, repaint  # the pictures
 
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.tool_card import ToolCard
@@ -32,43 +32,6 @@ SIZE_IDS = [f"{w}x{h}" for w, h in SIZES]
 WORKSPACE = Path("/tmp/cairn-operator-workspace")
 
 
-def picture(snap_compare, app, size, run_before) -> bool:
-    async def prepare(pilot) -> None:
-        app.theme = "textual-dark"
-        if app.chat is not None:
-            app.chat.query_one(PromptInput).cursor_blink = False
-        await run_before(pilot)
-
-    try:
-        return snap_compare(app, run_before=prepare, terminal_size=size)
-    finally:
-        app.close_if_still_open()
-
-
-def fixed_workspace(world) -> Path:
-    """Previews name the directory: a fixed one, so no picture carries pytest's tmp path."""
-    shutil.rmtree(WORKSPACE, ignore_errors=True)
-    WORKSPACE.mkdir(parents=True)
-    world.config.workspace = world.workspace = WORKSPACE
-    return WORKSPACE
-
-
-async def repaint(pilot, app) -> None:
-    """The chat behind a modal is composited from its last paint: repaint once its events are applied and durable
-    (the status bar says `durable through seq N`, not `writing…`)."""
-    from cairn.widgets.status_bar import StatusBar
-
-    if app.chat is not None:
-        status = app.chat.query_one(StatusBar)
-        await wait_for(pilot, lambda: status.durability == f"durable through seq {app.session.coordinator.durable_seq}",
-                       "the status bar to show what is durable")
-    if app.chat is not None:
-        app.chat.refresh(layout=True)
-    app.screen.refresh(layout=True)
-    await pilot.pause()
-    await pilot.pause()
-
-
 # -- 1. the approval: ten lines of preview at 80×24, the choices on one line ---------------------------------------------
 
 OLD_CONFIG = "".join(f"setting_{n:02} = {n}\n" for n in range(40))
@@ -81,7 +44,7 @@ def test_approval_of_a_write_file_with_a_30_line_diff_picture(snap_compare, tmp_
 
     world = make_world(tmp_path, [{"text": "Updating the settings.", "tool_calls": [
         {"name": "write_file", "arguments": {"path": "settings.py", "content": NEW_CONFIG}}]}])
-    (fixed_workspace(world) / "settings.py").write_text(OLD_CONFIG)
+    (fixed_workspace(world, WORKSPACE) / "settings.py").write_text(OLD_CONFIG)
     app = world.new_app()
 
     async def ask(pilot) -> None:
@@ -110,7 +73,7 @@ def test_approval_of_a_write_file_with_a_30_line_diff_picture(snap_compare, tmp_
 
 @pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
 def test_resume_screen_with_a_verdict_and_evidence_picture(snap_compare, tmp_path, size):
-    from test_tui_rewind import evidence_world
+    from rewind_worlds import evidence_world
 
     from cairn.app.screens.resume import ResumeScreen
     from cairn.app.screens.verdict import VerdictDialog
@@ -120,7 +83,7 @@ def test_resume_screen_with_a_verdict_and_evidence_picture(snap_compare, tmp_pat
 
     async def shown(pilot) -> None:
         screen = await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "resume")
-        await pilot.pause(0.6)  # past the typing gap: `v` is a decision
+        await wait_for(pilot, lambda: screen.takes_keys, "the resume screen to take keys")  # `v` is a decision
         await pilot.press("v")
         await wait_for(pilot, lambda: isinstance(app.screen, VerdictDialog), "the verdict dialog")
         await pilot.press("n", "enter")  # "It did not happen"
@@ -199,7 +162,7 @@ def listing_turn(tmp_path):
     world = make_world(tmp_path, [{"text": "Listing.", "tool_calls": [
         {"name": "run_command", "arguments": {"command": "printf 'alpha\\nbeta\\ngamma\\n'"}}]},
         {"text": "Three files: alpha, beta and gamma."}])
-    fixed_workspace(world)
+    fixed_workspace(world, WORKSPACE)
     return world
 
 
@@ -315,7 +278,7 @@ async def test_reasoning_and_compaction_lines_open_by_keyboard_and_f1_lists_the_
 
 async def test_status_says_sending_at_the_first_refresh_after_enter(tmp_path):
     from openai_server import OpenAIServer, text
-    from test_tui_continuable import strict_app
+    from tui_helpers import strict_app
 
     from cairn.widgets.status_bar import StatusBar
 

@@ -43,7 +43,7 @@ def test_importing_the_tui_leaves_the_agent_stack_and_other_screens_unloaded():
 
 async def test_the_prompt_takes_keys_before_the_agent_stack_is_built_and_a_prompt_sent_meanwhile_runs(
         tmp_path, monkeypatch):
-    import cairn.app.screens.chat as chat_module
+    import cairn.app.screens.agent_lifetime as chat_module
 
     gate = threading.Event()
     real = chat_module.load_agent_stack

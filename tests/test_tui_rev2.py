@@ -8,7 +8,6 @@ look at the screen while the reasoning is still streaming.
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import pytest
@@ -26,12 +25,11 @@ from cairn.persistence.events import (
     Usage,
     UserMessage,
 )
-from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.reasoning import ReasoningBlock, ReasoningPiece
 from cairn.widgets.status_bar import StatusBar, TokenTotals, format_tokens, usage_text
 from cairn.widgets.tool_card import ToolCard
 from cairn.widgets.transcript import AssistantText, Notice, Transcript, UserPrompt
-from tui_helpers import SIZE, completed_turn, ended_turns, make_world, screen_text, wait_for, write_log
+from tui_helpers import completed_turn, ended_turns, make_world, running, screen_text, submit, wait_for, write_log
 
 pytestmark = pytest.mark.anyio
 
@@ -59,20 +57,6 @@ class GatedProvider:
 
     async def aclose(self) -> None:
         pass
-
-
-@asynccontextmanager
-async def running(app: CairnApp) -> AsyncIterator:
-    try:
-        async with app.run_test(size=SIZE) as pilot:
-            yield pilot
-    finally:
-        app.close_if_still_open()
-
-
-async def submit(pilot, text: str) -> None:
-    pilot.app.chat.query_one(PromptInput).insert(text)
-    await pilot.press("enter")
 
 
 def blocks(app: CairnApp) -> list[ReasoningBlock]:

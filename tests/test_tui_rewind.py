@@ -8,60 +8,36 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_world import CAIRN, edit, sha, write
+from rewind_worlds import choose_turn, dialog_at_turn, evidence_world, fixed_turns, open_by_slash
+from tui_helpers import make_world, picture, screen_text, top_screen, wait_for
+from waiting import stop_clock
 
 from cairn.app.agent.rewind import prompts
 from cairn.app.screens.confirm import ConfirmDialog
-from cairn.app.screens.resume import ResumeScreen
+from cairn.app.screens.resume import TYPING_GAP, ResumeScreen
 from cairn.app.screens.rewind import PendingRewindScreen, RewindScreen
-from cairn.persistence.blobs import blob_store_for
+from cairn.app.screens.rewind_flow import ESC_ESC, RewindFlow
 from cairn.persistence.events import (
-    AssistantMessage,
     ConversationRewind,
-    RecoveryEvidence,
     RecoveryVerdict,
-    RequestHeader,
     RewindEnd,
     RewindFile,
     RewindPlan,
     RewindStep,
-    StepEnd,
-    StepStart,
-    ToolCall,
-    ToolCallRequest,
-    ToolResult,
-    TurnEnd,
-    TurnStart,
-    UserMessage,
 )
 from cairn.persistence.session import LiveSession
 from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.transcript import Notice
-from tui_helpers import make_world, screen_text, top_screen, wait_for, write_log
 
-CAIRN = str(Path(sys.executable).parent / "cairn")
 SIZE = (120, 32)
-PICTURE_WORKSPACE = Path("/tmp/cairn-rewind-workspace")
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def write(path: str, content: str) -> dict:
-    return {"name": "write_file", "arguments": {"path": path, "content": content}}
-
-
-def edit(path: str, old: str, new: str) -> dict:
-    return {"name": "edit_file", "arguments": {"path": path, "old": old, "new": new}}
 
 
 def cli_turn(world, tmp_path: Path, sid: str, prompt: str, *calls: dict) -> None:
@@ -98,21 +74,6 @@ def notices(app) -> str:
     return "\n".join(str(n.render()) for n in app.chat.query(Notice))
 
 
-async def open_by_slash(pilot, app) -> RewindScreen:
-    await wait_for(pilot, lambda: app.chat is not None and app.screen is app.chat, "the chat")
-    app.chat.query_one(PromptInput).insert("/rewind")
-    await pilot.press("enter")
-    return await wait_for(pilot, lambda: isinstance(app.screen, RewindScreen) and app.screen, "the rewind dialog")
-
-
-async def choose_turn(pilot, dialog: RewindScreen, turn: int) -> None:
-    await wait_for(pilot, lambda: dialog.plan is not None, "the first plan")
-    while dialog.selected_turn != turn:
-        await pilot.press("up")
-    await wait_for(pilot, lambda: dialog.plan is not None and dialog.plan.to_turn == turn, f"the plan of turn {turn}")
-    await pilot.pause()
-
-
 def test_rewind_files_from_the_slash_command(tmp_path):
     world = three_turns(tmp_path)
     app = world.resume_app("rw")
@@ -147,8 +108,7 @@ def test_with_workspace_snapshots_the_dialog_takes_back_what_a_command_did_too(t
     async def run() -> None:
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent")
-            dialog = await open_by_slash(pilot, app)
-            await choose_turn(pilot, dialog, 2)
+            dialog = await dialog_at_turn(pilot, app, 2)
             shown = str(dialog.query_one("#plan-text").render())
             assert "commands' changes included" in shown and "c.txt — delete it" in shown
             await pilot.press("f")
@@ -166,8 +126,7 @@ def test_rewind_conversation_only_keeps_the_files(tmp_path):
 
     async def run() -> None:
         async with app.run_test(size=SIZE) as pilot:
-            dialog = await open_by_slash(pilot, app)
-            await choose_turn(pilot, dialog, 3)
+            await dialog_at_turn(pilot, app, 3)
             await pilot.press("c")
             await wait_for(pilot, lambda: "the conversation continues from before turn 3" in notices(app), "notice")
             assert "⟲ rewound" in notices(app)  # the transcript marks where the conversation goes on from
@@ -180,20 +139,24 @@ def test_rewind_conversation_only_keeps_the_files(tmp_path):
     assert [e.to_turn for e in world.log("rw") if isinstance(e, ConversationRewind)] == [3]
 
 
-def test_esc_esc_then_both_asks_about_a_hand_edited_file_and_leave_it_keeps_it(tmp_path):
+def test_esc_esc_then_both_asks_about_a_hand_edited_file_and_leave_it_keeps_it(tmp_path, monkeypatch):
     """SPEC §10: the TUI asks path by path; "Leave it" keeps that path as it is, named, and the rest is rewound."""
     world = three_turns(tmp_path)
     (world.workspace / "a.txt").write_text("mine\n")  # changed outside Cairn
     app = world.resume_app("rw")
+    clock = stop_clock(monkeypatch, RewindFlow)  # Esc Esc is judged by this clock: the test moves it on
 
     async def run() -> None:
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.chat is not None and app.screen is app.chat, "the chat")
             await wait_for(pilot, lambda: app.chat.agent is not None, "the agent")
             await pilot.press("escape")
-            await pilot.pause(0.7)
+            await pilot.pause()
+            clock.advance(ESC_ESC + 0.1)
+            await pilot.press("escape")
+            await pilot.pause()
             assert app.screen is app.chat  # one Esc (or two far apart) opens nothing
-            await pilot.press("escape", "escape")
+            await pilot.press("escape")
             dialog = await wait_for(pilot, lambda: isinstance(app.screen, RewindScreen) and app.screen, "the dialog")
             await choose_turn(pilot, dialog, 2)
             assert "changed outside Cairn" in str(dialog.query_one("#plan-text").render())
@@ -221,8 +184,7 @@ def test_esc_esc_then_both_overwrites_a_hand_edited_file_only_after_a_yes(tmp_pa
     async def run() -> None:
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent")
-            dialog = await open_by_slash(pilot, app)
-            await choose_turn(pilot, dialog, 2)
+            await dialog_at_turn(pilot, app, 2)
             await pilot.press("b")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the question")
             assert (world.workspace / "a.txt").read_text() == "mine\n"
@@ -273,35 +235,10 @@ def test_an_interrupted_rewind_is_shown_on_open_and_finished(tmp_path):
 # -- recovery evidence on the resume screen ---------------------------------------------------------------------------
 
 
-def crashed_write(workspace: str) -> list:
-    """A turn cut by a crash after `write_file` notes.txt was recorded (fingerprinted), then a NOT_STARTED edit."""
-    write_call = ToolCallRequest("call_1_1_1", "write_file", {"path": "notes.txt", "content": "hello\n"})
-    after = ToolCallRequest("call_1_1_2", "run_command", {"command": "make deploy"})
-    return [
-        TurnStart(turn=1),
-        StepStart(turn=1, step=1),
-        UserMessage(turn=1, step=1, text="write hello to notes.txt, then deploy"),
-        RequestHeader(turn=1, step=1, provider="script", model="script", params={}, tools=[], message_count=2),
-        AssistantMessage(turn=1, step=1, text="Writing the notes first.", tool_calls=[write_call, after],
-                         interrupted=False),
-        ToolCall(turn=1, step=1, call_id=write_call.call_id, name="write_file", arguments=dict(write_call.arguments),
-                 safety="side_effecting", parent_call_id=None, before_sha256=None, after_sha256=sha("hello\n")),
-    ]
-
-
-def evidence_world(tmp_path: Path):
-    world = make_world(tmp_path, [])
-    shutil.rmtree(PICTURE_WORKSPACE, ignore_errors=True)
-    PICTURE_WORKSPACE.mkdir(parents=True)
-    world.config.workspace = world.workspace = PICTURE_WORKSPACE
-    (PICTURE_WORKSPACE / "notes.txt").write_text("hello\n")  # the write took effect before the crash
-    write_log(world.store, "crashed-id", crashed_write(str(PICTURE_WORKSPACE)), cwd=str(PICTURE_WORKSPACE))
-    return world
-
-
-def test_accept_evidence_key_records_a_durable_verdict(tmp_path):
+def test_accept_evidence_key_records_a_durable_verdict(tmp_path, monkeypatch):
     world = evidence_world(tmp_path)
     app = world.resume_app("crashed-id")
+    clock = stop_clock(monkeypatch, ResumeScreen)  # the typing gap is judged by this clock: the test moves it on
 
     async def run() -> None:
         async with app.run_test(size=SIZE) as pilot:
@@ -320,9 +257,10 @@ def test_accept_evidence_key_records_a_durable_verdict(tmp_path):
             assert not any(isinstance(e, RecoveryVerdict) for e in world.log("crashed-id"))
             await pilot.press("tab", "n")  # the question it opened: not now
             await wait_for(pilot, lambda: app.screen is screen, "the resume screen again")
-            await pilot.pause(0.6)
+            clock.advance(TYPING_GAP)
             await pilot.press("e")  # on its own: asked once more, then yes
-            await pilot.pause(0.6)
+            await wait_for(pilot, lambda: top_screen(app, ConfirmDialog), "asked once more")
+            clock.advance(TYPING_GAP)
             await pilot.press("y")
             await wait_for(pilot, lambda: screen.calls[0].verdict == "happened", "the verdict")
             # durable before the screen shows it: read the file back from disk
@@ -338,62 +276,6 @@ def test_accept_evidence_key_records_a_durable_verdict(tmp_path):
 # -- pictures ---------------------------------------------------------------------------------------------------------
 
 
-def picture(snap_compare, app, size, run_before) -> bool:
-    async def prepare(pilot) -> None:
-        app.theme = "textual-dark"
-        if app.chat is not None:
-            app.chat.query_one(PromptInput).cursor_blink = False
-        await run_before(pilot)
-
-    try:
-        return snap_compare(app, run_before=prepare, terminal_size=size)
-    finally:
-        app.close_if_still_open()
-
-
-def fixed_turns(world) -> None:
-    """Three turns written with fixed times, their files in a fixed workspace and their before-images stored:
-    turn 1 writes a.txt; turn 2 edits it and creates b.txt; turn 3 rewrites notes.md (hand-edited since) and runs a
-    command."""
-    events: list = []
-
-    def turn(n: int, prompt: str, calls: list[tuple[str, dict, str | None, str | None]]) -> None:
-        requests = [ToolCallRequest(f"call_{n}_1_{i}", name, args) for i, (name, args, _, _) in enumerate(calls, 1)]
-        events.extend([TurnStart(turn=n), StepStart(turn=n, step=1), UserMessage(turn=n, step=1, text=prompt),
-                       RequestHeader(turn=n, step=1, provider="script", model="script", params={}, tools=[],
-                                     message_count=2),
-                       AssistantMessage(turn=n, step=1, text="", tool_calls=requests, interrupted=False)])
-        for request, (name, args, before, after) in zip(requests, calls):
-            events.append(ToolCall(turn=n, step=1, call_id=request.call_id, name=name, arguments=args,
-                                   safety="side_effecting", parent_call_id=None, before_sha256=before,
-                                   after_sha256=after))
-            events.append(ToolResult(turn=n, step=1, call_id=request.call_id, is_error=False, content="ok",
-                                     error_code=None, source_seq=len(events) - 1))
-        events.extend([AssistantMessage(turn=n, step=2, text="Done.", tool_calls=[], interrupted=False),
-                       StepEnd(turn=n, step=1), TurnEnd(turn=n, reason="completed", error=None)])
-
-    turn(1, "write the first draft of a.txt", [("write_file", {"path": "a.txt", "content": "one\n"}, None, sha("one\n"))])
-    turn(2, "change a.txt and add b.txt\nwith a second line that the list does not show", [
-        ("edit_file", {"path": "a.txt", "old": "one", "new": "two"}, sha("one\n"), sha("two\n")),
-        ("write_file", {"path": "b.txt", "content": "bee\n"}, None, sha("bee\n"))])
-    turn(3, "update the notes and rebuild", [
-        ("write_file", {"path": "notes.md", "content": "v2\n"}, sha("v1\n"), sha("v2\n")),
-        ("run_command", {"command": "make"}, None, None)])
-    shutil.rmtree(PICTURE_WORKSPACE, ignore_errors=True)
-    PICTURE_WORKSPACE.mkdir(parents=True)
-    (PICTURE_WORKSPACE / "a.txt").write_text("two\n")
-    (PICTURE_WORKSPACE / "b.txt").write_text("bee\n")
-    (PICTURE_WORKSPACE / "notes.md").write_text("edited by hand\n")
-    blobs = blob_store_for(world.store.backend)
-    try:
-        blobs.put(b"one\n")
-        blobs.put(b"v1\n")
-    finally:
-        blobs.close()
-    world.config.workspace = world.workspace = PICTURE_WORKSPACE
-    write_log(world.store, "rewind-id", events, cwd=str(PICTURE_WORKSPACE))
-
-
 @pytest.mark.parametrize("size", [(80, 24), (120, 32), (200, 50)], ids=["80x24", "120x32", "200x50"])
 def test_rewind_dialog_picture(snap_compare, tmp_path, size):
     world = make_world(tmp_path, [])
@@ -401,8 +283,7 @@ def test_rewind_dialog_picture(snap_compare, tmp_path, size):
     app = world.resume_app("rewind-id")
 
     async def shown(pilot) -> None:
-        dialog = await open_by_slash(pilot, app)
-        await choose_turn(pilot, dialog, 2)
+        dialog = await dialog_at_turn(pilot, app, 2)
         text = screen_text(app)
         for words in ("Rewind", "1  write the first draft of a.txt", "2  change a.txt and add b.txt",
                       "3  update the notes and rebuild", "a.txt — restore its earlier content", "b.txt — delete it",
@@ -468,8 +349,7 @@ def test_rewind_dialog_with_not_restored_paths_picture(snap_compare, tmp_path, s
 
     async def shown(pilot) -> None:
         await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent")
-        dialog = await open_by_slash(pilot, app)
-        await choose_turn(pilot, dialog, 1)
+        dialog = await dialog_at_turn(pilot, app, 1)
         plan = str(dialog.query_one("#plan-text").render())
         for words in ("README.md — restore its earlier content", ".gitignore — restore its earlier content",
                       "new.txt — delete it", "Not restored (left as they are):",
@@ -497,8 +377,7 @@ def test_rewind_then_undo_from_the_dialog_puts_everything_back(tmp_path):
     async def run() -> None:
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.chat is not None and app.chat.agent is not None, "the agent")
-            dialog = await open_by_slash(pilot, app)
-            await choose_turn(pilot, dialog, 1)
+            await dialog_at_turn(pilot, app, 1)
             await pilot.press("b")
             await wait_for(pilot, lambda: "the conversation continues from before turn 1" in notices(app), "rewound")
             assert not (ws / "new.txt").exists()

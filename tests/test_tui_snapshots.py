@@ -9,8 +9,6 @@ event loop, so these tests are plain functions.
 from __future__ import annotations
 
 import asyncio
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -21,45 +19,14 @@ from cairn.app.screens.sessions import SessionsScreen
 from cairn.app.tui import CairnApp
 from cairn.persistence.events import AssistantChunk, StepEnd, StepStart, TurnStart, UserMessage
 from cairn.persistence.locks import SessionLock
-from tui_helpers import (
-    approval_ready,
-    completed_turn,
-    crashed_turn,
-    make_world,
-    screen_text,
-    top_screen,
-    wait_for,
-    write_log,
-)
-from cairn.widgets.prompt_input import PromptInput
+from tui_helpers import approval_ready, completed_turn, crashed_turn, make_world, screen_text, top_screen, wait_for
+from tui_helpers import fixed_workspace, picture, repaint, submit, write_log
 from cairn.widgets.status_bar import StatusBar
 from cairn.widgets.tool_card import ToolCard
 from cairn.widgets.reasoning import ReasoningBlock
 from cairn.widgets.transcript import AssistantText
 
 SIZE = (120, 32)
-
-
-def snapshot(snap_compare, app: CairnApp, run_before=None, press=(), before_close=None) -> bool:
-    """Compare, then release what the app held: the harness ends the app with `exit()`, not the ordered quit."""
-    async def prepare(pilot) -> None:
-        app.theme = "textual-dark"  # TEXTUAL_THEME is read when textual is imported, before any conftest runs
-        if app.chat is not None:
-            app.chat.query_one(PromptInput).cursor_blink = False
-        if run_before is not None:
-            await run_before(pilot)
-
-    try:
-        return snap_compare(app, press=press, run_before=prepare, terminal_size=SIZE)
-    finally:
-        if before_close is not None:
-            before_close()
-        app.close_if_still_open()
-
-
-async def submit(pilot, app: CairnApp, text: str) -> None:
-    app.chat.query_one(PromptInput).insert(text)
-    await pilot.press("enter")
 
 
 def status(app: CairnApp) -> str:
@@ -69,7 +36,7 @@ def status(app: CairnApp) -> str:
 def test_empty_chat(snap_compare, tmp_path):
     world = make_world(tmp_path, [])
     app = world.new_app()
-    assert snapshot(snap_compare, app)
+    assert picture(snap_compare, app, SIZE)
 
 
 def test_finished_turn_with_two_tool_cards(snap_compare, tmp_path):
@@ -85,13 +52,13 @@ def test_finished_turn_with_two_tool_cards(snap_compare, tmp_path):
     app = world.new_app()
 
     async def run_turn(pilot) -> None:
-        await submit(pilot, app, "what is in this workspace?")
+        await submit(pilot, "what is in this workspace?")
         final = "The workspace holds `README.md` and `src/`; the README says **hello**."
         await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["done", "done"], "two cards")
         await wait_for(pilot, lambda: [a.source for a in app.chat.query(AssistantText)][-1:] == [final], "answer")
         await wait_for(pilot, lambda: "idle" in status(app) and "durable through seq 16" in status(app), "idle")
 
-    assert snapshot(snap_compare, app, run_turn)
+    assert picture(snap_compare, app, SIZE, run_turn)
 
 
 def test_step_with_reasoning_collapsed_above_its_answer_and_token_usage(snap_compare, tmp_path):
@@ -103,7 +70,7 @@ def test_step_with_reasoning_collapsed_above_its_answer_and_token_usage(snap_com
     app = world.new_app()
 
     async def run_turn(pilot) -> None:
-        await submit(pilot, app, "what is a cairn?")
+        await submit(pilot, "what is a cairn?")
         await wait_for(pilot, lambda: [a.source for a in app.chat.query(AssistantText)][-1:] == [answer], "answer")
         await wait_for(pilot, lambda: "idle" in status(app) and "durable through seq 8" in status(app), "idle")
         block = app.chat.query_one(ReasoningBlock)
@@ -112,7 +79,7 @@ def test_step_with_reasoning_collapsed_above_its_answer_and_token_usage(snap_com
         # had as "thinking… 0 chars")
         await wait_for(pilot, lambda: "▶ reasoning · 58 chars" in screen_text(app), "the final title on screen")
 
-    assert snapshot(snap_compare, app, run_turn)
+    assert picture(snap_compare, app, SIZE, run_turn)
 
 
 def test_approval_modal(snap_compare, tmp_path):
@@ -125,34 +92,13 @@ def test_approval_modal(snap_compare, tmp_path):
     app = world.new_app()
 
     async def ask(pilot) -> None:
-        await submit(pilot, app, "write a greeting file")
+        await submit(pilot, "write a greeting file")
         await approval_ready(pilot, app)  # the hint line says so once typing can no longer decide it
         await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["awaiting approval"], "card")
-        await background_drawn(pilot, app)
+        await repaint(pilot, app, durable=False)
 
-    assert snapshot(snap_compare, app, ask)
+    assert picture(snap_compare, app, SIZE, ask)
     assert not (world.workspace / "greeting.txt").exists()
-
-
-async def background_drawn(pilot, app: CairnApp) -> None:
-    """The chat behind a modal is composited from its last paint: repaint it once its events have been applied, or
-    the picture depends on whether a frame happened to fall between the events and the modal."""
-    app.chat.refresh(layout=True)
-    app.screen.refresh(layout=True)
-    await pilot.pause()
-    await pilot.pause()
-
-
-SNAPSHOT_WORKSPACE = Path("/tmp/cairn-snapshot-workspace")
-
-
-def fixed_workspace(world) -> Path:
-    """Previews show the directory a command runs in: a fixed one, so the picture does not carry pytest's tmp path."""
-    shutil.rmtree(SNAPSHOT_WORKSPACE, ignore_errors=True)
-    SNAPSHOT_WORKSPACE.mkdir(parents=True)
-    world.config.workspace = SNAPSHOT_WORKSPACE
-    world.workspace = SNAPSHOT_WORKSPACE
-    return SNAPSHOT_WORKSPACE
 
 
 def approval_snapshot(snap_compare, tmp_path, call: dict, files: dict[str, str] | None = None) -> bool:
@@ -163,13 +109,13 @@ def approval_snapshot(snap_compare, tmp_path, call: dict, files: dict[str, str] 
     app = world.new_app()
 
     async def ask(pilot) -> None:
-        await submit(pilot, app, "make the change")
+        await submit(pilot, "make the change")
         await approval_ready(pilot, app)
         # the transcript behind it drawn too (events reach the screen once a frame)
         await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["awaiting approval"], "card")
-        await background_drawn(pilot, app)
+        await repaint(pilot, app, durable=False)
 
-    return snapshot(snap_compare, app, ask)
+    return picture(snap_compare, app, SIZE, ask)
 
 
 PARSER = "".join(f"def rule_{n}(tokens):\n    return tokens[{n}:]\n\n" for n in range(12))
@@ -196,7 +142,7 @@ def test_approval_preview_of_a_long_command_verbatim_with_prefix_choice(snap_com
 def test_help_screen(snap_compare, tmp_path):
     world = make_world(tmp_path, [])
     app = world.new_app()
-    assert snapshot(snap_compare, app, press=["f1"])
+    assert picture(snap_compare, app, SIZE, press=["f1"])
 
 
 def test_command_palette_with_slash_commands(snap_compare, tmp_path):
@@ -209,9 +155,12 @@ def test_command_palette_with_slash_commands(snap_compare, tmp_path):
         await pilot.press("ctrl+p", *"/perm")
         await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette)
                        and app.screen.query_one("CommandList").option_count == 1, "the one match")
-        await pilot.pause(0.3)  # the palette's search spinner stops after the results arrive
+        # the search is over (its busy countdown stopped) and its spinner is not shown
+        palette = app.screen
+        await wait_for(pilot, lambda: palette._busy_timer is None and not palette._show_busy, "the search to end")
+        await pilot.pause()
 
-    assert snapshot(snap_compare, app, opened)
+    assert picture(snap_compare, app, SIZE, opened)
 
 
 def test_resume_detail_pane(snap_compare, tmp_path):
@@ -227,7 +176,7 @@ def test_resume_detail_pane(snap_compare, tmp_path):
     async def shown(pilot) -> None:
         await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
 
-    assert snapshot(snap_compare, app, shown)
+    assert picture(snap_compare, app, SIZE, shown)
 
 
 def test_failed_barrier_notice(snap_compare, tmp_path):
@@ -237,7 +186,7 @@ def test_failed_barrier_notice(snap_compare, tmp_path):
     ops.fail_fsync = 1_000  # the disk keeps failing: every barrier from here on gets EIO
 
     async def fail(pilot) -> None:
-        await submit(pilot, app, "hello")
+        await submit(pilot, "hello")
         await wait_for(pilot, lambda: app.chat.query_one(StatusBar).failed and "CHECKPOINT FAILED" in status(app),
                        "the red notice")
         await wait_for(pilot, lambda: "idle" in status(app), "the failed turn to end")
@@ -249,7 +198,7 @@ def test_failed_barrier_notice(snap_compare, tmp_path):
     def heal() -> None:
         ops.fail_fsync = 0  # so the final close can write what the failed barriers kept queued
 
-    assert snapshot(snap_compare, app, fail, before_close=heal)
+    assert picture(snap_compare, app, SIZE, fail, before_close=heal)
 
 
 def test_resume_screen_with_not_started_and_outcome_unknown_rows(snap_compare, tmp_path):
@@ -262,7 +211,7 @@ def test_resume_screen_with_not_started_and_outcome_unknown_rows(snap_compare, t
         await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
         assert [c.status for c in app.screen.calls] == ["OUTCOME_UNKNOWN", "NOT_STARTED"]
 
-    assert snapshot(snap_compare, app, shown)
+    assert picture(snap_compare, app, SIZE, shown)
 
 
 def test_verdict_dialog(snap_compare, tmp_path):
@@ -274,7 +223,7 @@ def test_verdict_dialog(snap_compare, tmp_path):
     async def shown(pilot) -> None:
         await wait_for(pilot, lambda: top_screen(app, ResumeScreen), "the resume screen")
 
-    assert snapshot(snap_compare, app, shown, press=["v"])
+    assert picture(snap_compare, app, SIZE, shown, press=["v"])
 
 
 def test_sessions_screen(snap_compare, tmp_path, utc):
@@ -294,6 +243,6 @@ def test_sessions_screen(snap_compare, tmp_path, utc):
             await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen), "the sessions screen")
             await asyncio.sleep(0)
 
-        assert snapshot(snap_compare, app, shown)
+        assert picture(snap_compare, app, SIZE, shown)
     finally:
         lock.release()

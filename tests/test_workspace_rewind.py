@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_rewind import World, write
+from cli_world import World, write
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
 

@@ -1,15 +1,16 @@
-"""Builders shared by the TUI tests: a real store and config for `CairnApp`, logs with fixed times, bounded waits."""
+"""Builders shared by the TUI tests: a real store and config for `CairnApp`, logs with fixed times, bounded waits
+(from waiting.py), and the pictures: `picture()` for `snap_compare`, a fixed workspace, a repaint before the shot."""
 
 from __future__ import annotations
 
-import asyncio
-import time
+import shutil
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 from agent_helpers import write_script
+from waiting import wait_for, wait_sync  # noqa: F401  (the TUI tests take their waits from here too)
 
 from cairn.app.config.resolver import Config, resolve_config
 from cairn.app.tui import CairnApp
@@ -31,11 +32,13 @@ from cairn.persistence.events import (
 )
 from cairn.persistence.jsonl import FileOps, JsonlBackend
 from cairn.persistence.store import SessionStore
+from cairn.widgets.prompt_input import PromptInput
 
 SESSION_ID = "fixed-id"
 CREATED = 1_764_686_400_000  # 2025-12-02 14:40:00 UTC
 CWD = "/workspace"  # what the header (and the sessions screen) shows; tools run in the real tmp workspace
 SIZE = (100, 30)
+SNAPSHOT_WORKSPACE = Path("/tmp/cairn-snapshot-workspace")  # previews and the header name it: a fixed path
 
 
 @dataclass
@@ -132,38 +135,12 @@ def results(events: list[AnyEvent]) -> dict[str, ToolResult]:
     return {e.call_id: e for e in events if isinstance(e, ToolResult)}
 
 
-def wait_sync(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.01)
-
-
-async def wait_for(pilot: Any, condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    """Let the app run until `condition()` is truthy; fail (never hang) after `timeout` seconds.
-
-    Sleeps with asyncio rather than `pilot.pause()`: the pilot's pauses wait until every widget of the screen has
-    drained its message queue, and the persistence-service widget does not while a test holds its fdatasync."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def screen_text(app: Any) -> str:
     """Every line on screen as plain text, as the compositor hands it to the terminal (what a snapshot will show)."""
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
-def top_screen(app: Any, kind: type) -> Any:
+def top_screen(app: Any, kind: type[Any]) -> Any:
     """The app's top screen if it is a `kind` whose `on_mount` has run (a screen pushed during the app's own start-up
     is on top of the stack before it is mounted), else None."""
     screen = app.screen
@@ -173,6 +150,12 @@ def top_screen(app: Any, kind: type) -> Any:
 def ended_turns(events: list[AnyEvent]) -> list[TurnEnd]:
     return [e for e in events if isinstance(e, TurnEnd)]
 
+
+
+async def submit(pilot: Any, text: str) -> None:
+    """The text placed in the prompt at once, then a real Enter: for tests about what happens after the prompt."""
+    pilot.app.chat.query_one(PromptInput).insert(text)
+    await pilot.press("enter")
 
 
 async def approval_ready(pilot: Any, app: Any, timeout: float = 10.0) -> Any:
@@ -187,10 +170,83 @@ async def approval_ready(pilot: Any, app: Any, timeout: float = 10.0) -> Any:
 
 
 @asynccontextmanager
-async def running(app: Any) -> AsyncIterator[Any]:
-    """`app.run_test` at the standard size, closed even when the test fails inside it."""
+async def strict_app(tmp_path: Path, server: Any) -> AsyncIterator[tuple[CairnApp, Any]]:
+    """A new session's app and its pilot at 120×40, talking to `server` (the strict local OpenAI-compatible one) with no
+    retries: what the next request looks like after an error is the server's to judge."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    home = tmp_path / "home"
+    config = resolve_config(home=str(home), provider="openai", model="strict-model", base_url=server.base_url,
+                            workspace=str(workspace), env={"CAIRN_API_KEY": "sk-tui", "CAIRN_MAX_RETRIES": "0"})
+    store = SessionStore(home, "jsonl")
+    app = CairnApp(config, store.create(cwd=str(workspace), deferred=True), store)
     try:
-        async with app.run_test(size=SIZE) as pilot:
+        async with app.run_test(size=(120, 40)) as pilot:
+            yield app, pilot
+    finally:
+        app.close_if_still_open()
+
+
+@asynccontextmanager
+async def running(app: Any, size: tuple[int, int] = SIZE) -> AsyncIterator[Any]:
+    """`app.run_test` (at the standard size unless told), closed even when the test fails inside it."""
+    try:
+        async with app.run_test(size=size) as pilot:
             yield pilot
     finally:
         app.close_if_still_open()
+
+
+def iter_ids(home: Path) -> Iterator[str]:
+    """Session ids under `home` (a JSONL home), oldest name first."""
+    return (path.stem for path in sorted((home / "sessions").glob("*.jsonl")))
+
+
+# -- pictures ---------------------------------------------------------------------------------------------------------
+
+
+def picture(snap_compare: Any, app: CairnApp, size: tuple[int, int],
+            run_before: Callable[[Any], Awaitable[None]] | None = None, *, press: tuple[str, ...] | list[str] = (),
+            before_close: Callable[[], None] | None = None) -> bool:
+    """Compare the app's picture at `size` after `run_before(pilot)` and `press`, then release what the app held (the
+    harness ends the app with `exit()`, not the ordered quit). The theme is set here (TEXTUAL_THEME is read when textual
+    is imported, before any conftest runs) and the prompt's cursor does not blink."""
+
+    async def prepare(pilot: Any) -> None:
+        app.theme = "textual-dark"
+        if app.chat is not None:
+            app.chat.query_one(PromptInput).cursor_blink = False
+        if run_before is not None:
+            await run_before(pilot)
+
+    try:
+        return bool(snap_compare(app, press=press, run_before=prepare, terminal_size=size))
+    finally:
+        if before_close is not None:
+            before_close()
+        app.close_if_still_open()
+
+
+def fixed_workspace(world: World, path: Path = SNAPSHOT_WORKSPACE) -> Path:
+    """Previews and the header name the workspace: an emptied fixed directory, so no picture carries pytest's tmp
+    path."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    world.config.workspace = world.workspace = path
+    return path
+
+
+async def repaint(pilot: Any, app: Any, *, durable: bool = True) -> None:
+    """The chat behind a modal is composited from its last paint: repaint once its events are applied and (`durable`)
+    made durable (the status bar says `durable through seq N`, not `writing…`)."""
+    from cairn.widgets.status_bar import StatusBar
+
+    if durable and app.chat is not None:
+        status = app.chat.query_one(StatusBar)
+        await wait_for(pilot, lambda: status.durability == f"durable through seq {app.session.coordinator.durable_seq}",
+                       "the status bar to show what is durable")
+    if app.chat is not None:
+        app.chat.refresh(layout=True)
+    app.screen.refresh(layout=True)
+    await pilot.pause()
+    await pilot.pause()

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from test_rewind import CAIRN, World
+from cli_world import CAIRN, World
 
 from cairn.widgets.terminal_text import safe_text
 
