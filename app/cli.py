@@ -14,16 +14,7 @@ from typing import Any, NoReturn, Sequence
 
 from cairn.version import __version__
 
-from .exit_codes import (  # noqa: F401 (re-exported: callers of cli use these names)
-    EXIT_CANCELLED,
-    EXIT_CORRUPT,
-    EXIT_LOCKED,
-    EXIT_OK,
-    EXIT_TURN_ERROR,
-    EXIT_USAGE,
-    exit_code_for,
-    fail,
-)
+from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_USAGE, exit_code_for, fail
 
 DESCRIPTION = """\
 Cairn: a terminal agent whose sessions survive a hard crash at any instant.

@@ -24,15 +24,9 @@ from .agent.evidence import Evidence
 from .agent.hooks import Hooks
 from .agent.loop import AgentLoop, TurnResult
 from .agent.policy import CheckpointPolicy
-from .config.resolver import (
-    RESUMED_WORKSPACE,
-    Config,
-    config_for_session,
-    database_secrets,
-    make_provider,
-    provider_secrets,
-    resumed_workspace,
-)
+from .config.provider import database_secrets, make_provider, provider_secrets
+from .config.resolver import Config
+from .config.resumed import RESUMED_WORKSPACE, config_for_session, resumed_workspace
 from .providers.base import Provider
 from .tools.registry import ToolRegistry, builtin_tools
 

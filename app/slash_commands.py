@@ -93,7 +93,8 @@ def model_listing(config: Any, provider: Any, current_profile: str | None) -> st
     model and server host; the one in use marked) and how to switch. Settings a profile leaves out are named as
     defaults (the provider then depends on whether a key is set)."""
     from .config.file import ConfigFileError, read_config_file
-    from .config.resolver import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL, default_config_path
+    from .config.resolver import default_config_path
+    from .config.settings import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL
     from .providers.base import limits_of
 
     models = {"openai": DEFAULT_OPENAI_MODEL, "anthropic": DEFAULT_ANTHROPIC_MODEL}

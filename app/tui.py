@@ -27,10 +27,11 @@ from cairn.persistence.store import OpenedSession, SessionStore
 from cairn.widgets.terminal_text import safe_text
 
 from . import quiet_gc
-from .config.resolver import Config, make_provider
+from .config.provider import make_provider
+from .config.resolver import Config
 from .screens.chat import ChatScreen
 from .slash_commands import COMMANDS
-from .tools.files import atomic_write
+from .tools.file_writes import atomic_write
 
 if TYPE_CHECKING:  # screens other than the chat are imported when first shown (start-up, P8)
     from .screens.sessions import SessionChoice
@@ -72,7 +73,7 @@ class CairnApp(App["SessionChoice | None"]):
         self.notice = notice  # one line to show on the first screen (a session the sessions screen could not open)
         self.provider: Any = None
         if opened is not None and unavailable is not None:
-            from .config.resolver import last_request_header
+            from .config.resumed import last_request_header
             from .providers.base import UnavailableProvider
 
             header = last_request_header(opened.events)

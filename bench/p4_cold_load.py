@@ -28,7 +28,6 @@ from _common import emit, header, median, now_ns, temp_dir
 
 import msgspec
 
-from cairn.persistence.backend import EncodedEvent
 from cairn.persistence.events import (
     ApprovalAsked,
     ApprovalDecided,

@@ -38,7 +38,7 @@ import operator
 import os
 import sqlite3
 import sys
-from typing import Annotated, Any, Callable, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import _common  # noqa: F401  (loads the checkout's cairn package)
 import anyio

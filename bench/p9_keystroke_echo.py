@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 from _common import emit, header, median, percentile, temp_dir  # noqa: E402  (puts the project on sys.path)
 

@@ -19,7 +19,7 @@ given to widgets with markup off, so `[b]` in a prompt or a tool's output is sho
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from textual import events
 from textual.containers import VerticalScroll

@@ -106,7 +106,8 @@ from cairn.persistence.store import OpenedSession, SessionStore
 from cairn.version import __version__
 
 from ..agent.loop import MAX_STEPS, TurnResult
-from ..config.resolver import Config, ConfigError, resumed_workspace
+from ..config.resolver import Config, ConfigError
+from ..config.resumed import resumed_workspace
 from ..render import USAGE_FIELDS, first_line, format_time, format_usage
 from .session import SessionHost, mode_state, pending_text
 from .updates import attachment_name, looks_binary, replay, session_title, shown_prompt, wire
@@ -262,7 +263,7 @@ class CairnAgent:
         agent = host.agent
         if agent is None or agent.loop.busy:
             raise error(INVALID_PARAMS, "the profile is switched between turns: wait for this one to end")
-        from ..config.resolver import make_provider, provider_secrets
+        from ..config.provider import make_provider, provider_secrets
         from ..slash_commands import profile_config
 
         try:
@@ -457,7 +458,7 @@ def with_editor_servers(config: Config, offered: list[Any] | None) -> tuple[Conf
     with servers starts."""
     if not offered:
         return config, []
-    from ..tools.mcp import from_editor
+    from ..config.mcp_servers import from_editor
 
     servers, skipped = from_editor(offered)
     editor_names = {s.name for s in servers}

@@ -35,7 +35,8 @@ import acp
 import anyio
 from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
 
-from ..config.resolver import Config, ConfigError, make_provider
+from ..config.provider import make_provider
+from ..config.resolver import Config, ConfigError
 from .agent import CairnAgent
 
 log = logging.getLogger("cairn.acp")

@@ -325,7 +325,7 @@ class SessionHost:
                 or (settle and numbers) or ("--dry-run" in flags and settle - {"--undo"})):
             return f"{usage}."
         if not settle and (not numbers or not numbers[0].isdigit()):
-            from ..agent.rewind import prompts
+            from ..agent.rewind_plan import prompts
 
             turns = "; ".join(f"{turn}: {first_line(text, 40)}" for turn, text in prompts(self.agent.session.events))
             return f"{usage}. Turns: {turns or 'none yet'}."

@@ -25,7 +25,7 @@ from cairn.persistence.session import LiveSession
 
 from ..tools.base import Tool
 from ..tools.command import run_command
-from ..tools.files import Fingerprint, edit_file, fingerprint, write_file
+from ..tools.file_writes import Fingerprint, edit_file, fingerprint, write_file
 from .hooks import ToolRunContext
 from .snapshots import ShadowRepo, Snapshot, SnapshotUnavailable
 

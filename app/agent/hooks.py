@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from cairn.persistence.session import LiveSession
 
     from ..providers.base import ModelRequest
-    from ..tools.files import Fingerprint
+    from ..tools.file_writes import Fingerprint
 
 
 @dataclass

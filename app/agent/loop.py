@@ -54,7 +54,7 @@ from cairn.persistence.session import LiveSession
 
 from ..providers.base import Provider, ProviderError
 from ..tools.base import RESULT_LIMIT, ToolContext, ToolFailure, truncate_output
-from ..tools.files import Fingerprint
+from ..tools.file_writes import Fingerprint
 from ..tools.registry import ToolRegistry
 from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answer, headless_approver, needs_approval
 from .evidence import Evidence

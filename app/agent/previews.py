@@ -47,7 +47,7 @@ def lexer_for(path: str) -> str:
 def current_text(workspace: Path, path: str) -> tuple[str | None, str]:
     """(content, note): the file's text as the tools would read it, or None with why (missing is not an error)."""
     from ..tools.base import ToolFailure
-    from ..tools.files import BINARY_SNIFF_BYTES, looks_binary, read_regular_file
+    from ..tools.regular_files import BINARY_SNIFF_BYTES, looks_binary, read_regular_file
     from ..tools.workspace import MissingPath, locate
 
     try:

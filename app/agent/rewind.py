@@ -46,7 +46,6 @@ from .rewind_paths import (
     write_path,
 )
 from .rewind_plan import Force, FilePlan, Plan, RewindRefused, Scope, plan_rewind, turns_of
-from .rewind_plan import prompts  # re-exported: the faces import the rewind's names from here
 from .snapshots import ShadowRepo, Snapshot, SnapshotUnavailable
 
 MAX_KEPT = 10 * 1024 * 1024  # a path whose current content is larger cannot be kept as a before-image: not touched

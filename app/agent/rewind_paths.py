@@ -17,7 +17,7 @@ from cairn.persistence.blobs import BlobStore
 from cairn.persistence.events import RewindFile
 from cairn.persistence.evidence import inside, sha256_of_file
 
-from ..tools.files import atomic_write
+from ..tools.file_writes import atomic_write
 from .snapshots import SYMLINK, ShadowRepo, SnapshotUnavailable, state_of
 
 GIT = "git:"  # a content id naming a blob of the shadow repository (else: a sha256 of the before-image store)

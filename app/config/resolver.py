@@ -12,7 +12,7 @@ form, an event, or a file. Nor does a tool see it (SPEC §10 rev 4): every key v
 base URL) is passed to `tools.command.withhold`, which keeps them out of `run_command`'s environment.
 
 The rest of the room is split by job: `settings` (Config and its defaults), `resumed` (a resumed session's config),
-`provider` (building the provider); their names callers use are re-exported here.
+`provider` (building the provider); callers import their names from them.
 """
 
 from __future__ import annotations
@@ -27,22 +27,10 @@ from typing import Any, Callable, Mapping
 from cairn.persistence.store import BACKENDS
 
 from .checks import ConfigError, check_base_url, check_database_url
-from .provider import (  # noqa: F401 (re-exported: callers name the config room's parts from here)
-    database_secrets,
-    make_provider,
-    provider_secrets,
-)
-from .resumed import (  # noqa: F401 (re-exported, as above)
-    RESUMED_WORKSPACE,
-    config_for_session,
-    last_request_header,
-    resumed_workspace,
-)
-from .settings import (  # noqa: F401 (re-exported, as above)
-    DEFAULT_ANTHROPIC_MODEL,
+from .provider import database_secrets
+from .settings import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_OPENAI_MODEL,
     DEFAULT_TIMEOUT,
     PROVIDERS,
     Config,

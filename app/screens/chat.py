@@ -47,7 +47,8 @@ from cairn.widgets.terminal_text import safe_text
 from cairn.widgets.transcript import Notice, Transcript
 
 from .. import quiet_gc, slash_commands
-from ..config.resolver import RESUMED_WORKSPACE, Config
+from ..config.resolver import Config
+from ..config.resumed import RESUMED_WORKSPACE
 from ..history import PromptHistory, history_path
 from ..providers.base import limits_of
 from . import chat_commands
@@ -218,7 +219,7 @@ class ChatScreen(Screen[None]):
     def _other_host(self) -> str:
         """` @host` when the operator named a server other than the one this session's last request went to (SPEC §6
         rev 3: their choice, and visible), else ""."""
-        from ..config.resolver import last_request_header
+        from ..config.resumed import last_request_header
 
         header = last_request_header(self.session.events)
         now = limits_of(self.provider).endpoint

@@ -111,8 +111,9 @@ async def run_slash(chat: CommandHost, name: str, argument: str) -> None:
 async def switch_profile(chat: CommandHost, name: str) -> bool:
     """`/model PROFILE`: the config file's profile from the next turn (provider, endpoint, model), recorded in the
     next request/header. False when `name` is no profile (it is then a model name)."""
-    from ..config.resolver import ConfigError, make_provider
-    from ..config.resolver import provider_secrets as secrets_of
+    from ..config.provider import make_provider
+    from ..config.provider import provider_secrets as secrets_of
+    from ..config.resolver import ConfigError
 
     try:
         config = slash_commands.profile_config(chat.config, name)

@@ -33,7 +33,8 @@ from textual.widgets.option_list import Option
 
 from cairn.widgets.terminal_text import safe_text
 
-from ..agent.rewind import Force, Plan, RewindRefused, Scope, last_rewind, plan_rewind, prompts
+from ..agent.rewind import Force, Plan, RewindRefused, Scope, last_rewind, plan_rewind
+from ..agent.rewind_plan import prompts
 from .confirm import ConfirmDialog
 from .typeahead import Dialog, Typist
 

@@ -198,7 +198,7 @@ class RewindFlow:
 
     def _repropose(self, turn: int) -> None:
         """After a conversation rewind, the rewound turn's prompt waits in an empty prompt: send, edit or drop it."""
-        from ..agent.rewind import prompts
+        from ..agent.rewind_plan import prompts
 
         prompt = self.chat.prompt_input
         text = dict(prompts(self.chat.session.events)).get(turn)

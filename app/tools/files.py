@@ -11,9 +11,6 @@ SPEC §8, and why each part is built as it is:
   while it matches, so a catastrophic pattern ends as TOOL_ERROR in seconds and never stalls the event loop.
 - The bodies are plain blocking code run in a worker thread, so a large read or search never stalls the event loop (and
   with it the UI and the write-behind flusher); every wait in them is bounded.
-
-The writers' parts (`atomic_write`, `fingerprint`, `write_file`, …) are re-exported here for the modules that name the
-file tools' parts from one place.
 """
 
 from __future__ import annotations
@@ -30,22 +27,7 @@ if TYPE_CHECKING:
     import regex
 
 from .base import OUTPUT_LIMIT, Tool, ToolContext, ToolFailure, truncate_output
-from .file_writes import (  # noqa: F401 (re-exported: callers name the file tools' parts from here)
-    Fingerprint,
-    atomic_write,
-    edit_file,
-    fingerprint,
-    write_file,
-)
-from .regular_files import (  # noqa: F401 (re-exported, as above)
-    BINARY_SNIFF_BYTES,
-    FILE_FLAGS,
-    in_thread,
-    kind_of,
-    looks_binary,
-    open_regular,
-    read_regular_file,
-)
+from .regular_files import BINARY_SNIFF_BYTES, FILE_FLAGS, in_thread, kind_of, looks_binary, open_regular
 from .workspace import (
     DIR_FLAGS,
     PATH_NOTE,

@@ -62,30 +62,11 @@ import anyio.to_thread
 
 from cairn.widgets.terminal_text import safe_text
 
-from ..config.mcp_servers import (  # noqa: F401 (re-exported: callers and tests name them from here)
-    DEFAULT_CALL_TIMEOUT,
-    McpServerConfig,
-    from_editor,
-    parse_server_table,
-    server_secrets,
-)
+from ..config.mcp_servers import McpServerConfig, server_secrets
 from .base import Tool
 from .command import withhold
 from .mcp_connection import Connection, ServerState
-from .mcp_tools import (  # noqa: F401 (re-exported, as above)
-    as_tool,
-    exposed_name,
-    input_schema as _schema,
-    render_result,
-    safety_from_annotations,
-    schema_problem,
-)
-from .mcp_wire import (  # noqa: F401 (re-exported, as above)
-    STDIO_ENCODING,
-    JsonTextDecoder as _JsonTextDecoder,
-    register_codec as _register_codec,
-    replace_lone_surrogates,
-)
+from .mcp_tools import as_tool, exposed_name
 
 log = logging.getLogger("cairn.mcp")
 
