@@ -17,7 +17,8 @@ from agent_helpers import write_script
 from openai_server import OpenAIServer, cut_off, failing, text
 
 from cairn.app.compose import close_unused
-from cairn.app.config.resolver import ConfigError, config_for_session, resolve_config
+from cairn.app.config.resolver import ConfigError, resolve_config
+from cairn.app.config.resumed import config_for_session
 from cairn.persistence.store import SessionStore
 
 CAIRN = str(Path(sys.executable).parent / "cairn")

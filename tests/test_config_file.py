@@ -14,7 +14,9 @@ import anyio
 import pytest
 from openai_server import OpenAIServer, text
 
-from cairn.app.config.resolver import ConfigError, config_for_session, make_provider, resolve_config
+from cairn.app.config.provider import make_provider
+from cairn.app.config.resolver import ConfigError, resolve_config
+from cairn.app.config.resumed import config_for_session
 from cairn.persistence.events import RequestHeader
 
 CAIRN = str(Path(sys.executable).parent / "cairn")

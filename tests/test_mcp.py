@@ -26,7 +26,7 @@ from waiting import alive
 
 from cairn.app.config.file import ConfigFileError, read_config_file
 from cairn.app.config.resolver import ConfigError, resolve_config
-from cairn.app.tools.mcp import exposed_name, render_result, safety_from_annotations
+from cairn.app.tools.mcp_tools import exposed_name, render_result, safety_from_annotations
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 rig = pytest.fixture(rig_fixture, name="rig")
@@ -284,7 +284,7 @@ def test_invalid_utf8_a_bad_schema_and_a_dead_server_each_cost_only_what_they_mu
 
 
 def test_every_mcp_call_has_a_time_limit_by_default():
-    from cairn.app.tools.mcp import DEFAULT_CALL_TIMEOUT, parse_server_table
+    from cairn.app.config.mcp_servers import DEFAULT_CALL_TIMEOUT, parse_server_table
 
     assert parse_server_table("s", {"command": "x"}).call_timeout == DEFAULT_CALL_TIMEOUT == 120.0
     assert parse_server_table("s", {"command": "x", "call_timeout": 5}).call_timeout == 5

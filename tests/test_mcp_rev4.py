@@ -26,7 +26,12 @@ import pytest
 from acp_helpers import RecordingClient, agent_stderr, connect, rig_fixture, script_env
 from crash_harness import Rig, json_lines, wait_until
 
-from cairn.app.tools.mcp import STDIO_ENCODING, _JsonTextDecoder, _register_codec, replace_lone_surrogates
+from cairn.app.tools.mcp_wire import (
+    STDIO_ENCODING,
+    JsonTextDecoder as _JsonTextDecoder,
+    register_codec as _register_codec,
+    replace_lone_surrogates,
+)
 
 RAW_SERVER = str(Path(__file__).with_name("mcp_raw_server.py"))
 rig = pytest.fixture(rig_fixture, name="rig")
@@ -133,7 +138,7 @@ async def test_acp_names_the_left_out_tool_in_a_message_on_new_and_on_load(rig):
 
 
 def test_schema_problem_takes_object_schemas_and_refuses_the_rest():
-    from cairn.app.tools.mcp import _schema, schema_problem
+    from cairn.app.tools.mcp_tools import input_schema as _schema, schema_problem
 
     assert schema_problem({"type": "object", "properties": {}}) is None
     assert schema_problem({}) is None  # no type: an object's (Cairn adds it)

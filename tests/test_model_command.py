@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from tui_helpers import wait_for
 
-from cairn.app.config.resolver import DEFAULT_ANTHROPIC_MODEL, resolve_config
+from cairn.app.config.resolver import resolve_config
+from cairn.app.config.settings import DEFAULT_ANTHROPIC_MODEL
 from cairn.app.slash_commands import model_listing, url_host
 from cairn.app.tui import CairnApp
 from cairn.persistence.store import SessionStore

@@ -229,7 +229,9 @@ async def test_prompts_typed_during_a_turn_are_queued_visibly_and_run_in_order(t
         assert queue.has_class("-visible") and queue.display
         assert str(queue.render()).splitlines() == [
             "queued: two", "queued: three  (↑ in an empty prompt takes the last one back to edit or drop)"]
-        assert "● running · 2 queued" in status_text(app)
+        # the status follows the logged events a frame behind: "sending…" until the screen has drawn a chunk
+        await wait_for(pilot, lambda: "● running · 2 queued" in status_text(app), "the status to count the queue")
+        assert len(turn_ends(app)) == 0
         assert app.chat.pending == ["two", "three"]  # held by the screen (editable) until the loop is free
         assert [e.turn for e in app.session.events if isinstance(e, TurnStart)] == [1]
 

@@ -126,7 +126,8 @@ async def test_the_status_bar_shows_the_host_when_the_operator_named_another_ser
     status bar says which host the conversation now goes to."""
     from tui_helpers import completed_turn, make_world, write_log
 
-    from cairn.app.config.resolver import config_for_session, resolve_config
+    from cairn.app.config.resolver import resolve_config
+    from cairn.app.config.resumed import config_for_session
     from cairn.app.tui import CairnApp
     from cairn.widgets.status_bar import StatusBar
 

@@ -438,7 +438,8 @@ async def test_the_tui_start_up_collects_nothing_until_the_first_frame_then_coll
 def test_a_tui_start_that_fails_before_its_first_frame_turns_collection_back_on(tmp_path, capsys):
     import gc
 
-    from cairn.app.cli import EXIT_USAGE, main
+    from cairn.app.cli import main
+    from cairn.app.exit_codes import EXIT_USAGE
 
     assert gc.isenabled()
     code = main(["--home", str(tmp_path / "home"), "resume", "no-such-session"])  # fails inside the paused start-up

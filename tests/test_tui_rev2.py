@@ -209,8 +209,9 @@ async def test_escape_sequences_from_the_model_tools_and_prompt_are_rendered_as_
     async with running(app) as pilot:
         await submit(pilot, f"Prompt: {ESCAPES}")
         await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 1, "the turn to end")
-        await pilot.pause()
-        card = app.chat.query_one(ToolCard)
+        # the screen draws the logged events a frame at a time: wait until the card shows the tool's output
+        card = await wait_for(pilot, lambda: next((c for c in app.chat.query(ToolCard) if c.has_output), None),
+                              "the tool card's output")
         await card.action_toggle_output()
         blocks(app)[0].collapsed = False
         await pilot.pause()

@@ -20,7 +20,7 @@ from rewind_worlds import choose_turn, dialog_at_turn, evidence_world, fixed_tur
 from tui_helpers import make_world, picture, screen_text, top_screen, wait_for
 from waiting import stop_clock
 
-from cairn.app.agent.rewind import prompts
+from cairn.app.agent.rewind_plan import prompts
 from cairn.app.screens.confirm import ConfirmDialog
 from cairn.app.screens.resume import TYPING_GAP, ResumeScreen
 from cairn.app.screens.rewind import PendingRewindScreen, RewindScreen
