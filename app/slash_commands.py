@@ -29,7 +29,6 @@ COMMANDS = (
     SlashCommand("compact", "/compact", "summarise the conversation before the next request (recovery facts kept)"),
     SlashCommand("quit", "/quit", "quit in order (the running turn is cancelled and closed)"),
 )
-BY_NAME = {c.name: c for c in COMMANDS}
 
 
 def matches(text: str) -> list[SlashCommand]:

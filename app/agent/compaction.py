@@ -181,12 +181,6 @@ def summary_text(event: ContextCompaction) -> str:
     return "\n\n".join(parts)
 
 
-def summary_request(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages of the summary request: the conversation to compact, rendered as one readable user message (a
-    plain transcript, so no tool-call pairing rules apply and any server accepts it)."""
-    return summary_messages(transcript_lines(messages))
-
-
 def summary_messages(lines: list[str], so_far: str = "") -> list[dict[str, Any]]:
     """One summary request over `lines`; with `so_far` (the summary of the part before them) it asks to continue it."""
     if so_far:

@@ -42,7 +42,6 @@ from .hooks import Hooks
 
 NAMES = ("prompt-accepted", "approval", "after-tool-result", "turn-ended", "tool-body-start", "tool-body-done",
          "rewind-planned", "rewind-restored")
-REWIND_POINTS = ("rewind-planned", "rewind-restored")
 
 
 class Failpoint:

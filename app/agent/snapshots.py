@@ -44,7 +44,6 @@ MAX_FILE = 10 * 1024 * 1024  # bytes; larger files are left out of snapshots and
 BULK = 256
 SYNC_DIRS = 8  # more object directories than this to sync after a snapshot: one syncfs instead (P12: −9%)
 DEFAULT_BUDGET = 10.0  # seconds a snapshot may take before snapshots are turned off for the session
-EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
 # why a path is not in a snapshot's tree (the manifest's `reason`)
 IGNORED = "ignored by .gitignore"
