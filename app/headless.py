@@ -33,6 +33,7 @@ from cairn.persistence.events import (
 from cairn.widgets.terminal_text import safe_json, safe_text
 
 from .agent.approval import headless_approver
+from .agent.notices import Notice, Waiting
 from .compose import Agent, open_agent
 from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_TURN_ERROR, EXIT_USAGE, fail
 from .render import first_line, result_status, shown_model, summarize_arguments
@@ -175,12 +176,12 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
         session.subscribe(printer)
         name = provider.name
 
-        def waiting(seconds: float | None) -> None:  # a stalled server is visible, at least every 10 s
-            if seconds is not None:
-                note(f"cairn: waiting for the server ({name}): {seconds:.0f} s (CAIRN_TIMEOUT limits it; "
+        def waiting(notice: Notice) -> None:  # a stalled server is visible, at least every 10 s
+            if isinstance(notice, Waiting) and notice.seconds is not None:
+                note(f"cairn: waiting for the server ({name}): {notice.seconds:.0f} s (CAIRN_TIMEOUT limits it; "
                      "Ctrl+C cancels)")
 
-        agent.loop.on_waiting.append(waiting)
+        agent.loop.notices.append(waiting)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_signal, agent.loop)
             result = await agent.run(prompt)

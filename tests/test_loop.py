@@ -11,6 +11,7 @@ from agent_helpers import script_agent, types
 from waiting import wait_until
 
 from cairn.app.agent.approval import ApprovalRequest, headless_approver
+from cairn.app.agent.notices import TurnFinished
 from cairn.app.tools.base import Tool, ToolContext
 from cairn.app.tools.registry import ToolRegistry, builtin_tools
 from cairn.persistence.events import (
@@ -231,7 +232,7 @@ async def test_queued_prompts_run_one_turn_at_a_time_in_order(tmp_path):
     responses = [{"text": "one", "chunks": 5, "delay_ms": 5}, {"text": "two"}, {"text": "three"}]
     async with script_agent(tmp_path, responses) as agent:
         done: list[Any] = []
-        agent.loop.on_turn_result.append(done.append)
+        agent.loop.notices.append(lambda n: done.append(n.result) if isinstance(n, TurnFinished) else None)
         for prompt in ("first", "second", "third"):
             agent.loop.submit(prompt)
         assert agent.loop.busy

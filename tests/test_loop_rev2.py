@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator
 import anyio
 import pytest
 
+from cairn.app.agent.notices import Waiting
 from cairn.app.providers.base import ModelRequest, ProviderError, RawToolCall, StreamEnd, TextDelta
 from cairn.app.tools.base import Tool, ToolContext
 from cairn.app.tools.registry import ToolRegistry, builtin_tools
@@ -290,7 +291,7 @@ async def test_a_request_that_gets_no_answer_reports_how_long_it_has_waited_unti
                                 workspace=str(tmp_path / "ws"), env={})
         async with open_agent(config) as agent:
             agent.loop.wait_report_every = 0.1
-            agent.loop.on_waiting.append(seen.append)
+            agent.loop.notices.append(lambda n: seen.append(n.seconds) if isinstance(n, Waiting) else None)
             async with anyio.create_task_group() as tg:
                 async def answer_late() -> None:  # the server answers only once three reports have come
                     while len([w for w in seen if w is not None]) < 3:
@@ -318,7 +319,7 @@ async def test_an_answer_that_stops_mid_stream_is_reported_as_waiting_and_the_re
                                 workspace=str(tmp_path / "ws"), env={})
         async with open_agent(config) as agent:
             agent.loop.wait_report_every = 0.1
-            agent.loop.on_waiting.append(order.append)
+            agent.loop.notices.append(lambda n: order.append(n.seconds) if isinstance(n, Waiting) else None)
             agent.session.subscribe(lambda e: order.append("chunk") if isinstance(e, AssistantChunk) else None)
             async with anyio.create_task_group() as tg:
                 async def answer_late() -> None:  # the rest comes once two reports came after text had streamed

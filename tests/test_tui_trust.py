@@ -34,6 +34,7 @@ from tui_helpers import (
 )
 
 from cairn.app.agent.approval import Grants, command_prefix_covers
+from cairn.app.agent.notices import Compacting
 from cairn.app.agent.previews import preview_parts
 from cairn.app.history import PromptHistory, history_path, redact
 from cairn.app.screens.approval import ApprovalModal, Choices
@@ -431,7 +432,8 @@ async def test_compact_summarises_the_conversation_before_the_next_request(tmp_p
         await submit(pilot, "/compact")
         await wait_for(pilot, lambda: any("will be compacted" in n for n in notices(app)), "the /compact answer")
         seen: list[str] = []
-        app.chat.agent.loop.on_compacting.append(lambda active: seen.append(status_text(app)) if active else None)
+        app.chat.agent.loop.notices.append(
+            lambda n: seen.append(status_text(app)) if isinstance(n, Compacting) and n.active else None)
         await submit(pilot, "second thing")
         await wait_for(pilot, lambda: len(ended_turns(app.session.events)) == 2, "the second turn")
         compactions = [e for e in app.session.events if isinstance(e, ContextCompaction)]

@@ -42,7 +42,7 @@ from cairn.persistence.repair import calls_awaiting_verdict
 from cairn.persistence.store import OpenedSession
 
 from ..agent.approval import ApprovalRequest
-from ..agent.loop import TurnResult
+from ..agent.notices import Notice, TurnFinished, TurnResult
 from ..compose import Agent, open_agent
 from ..config.resolver import Config
 from ..render import first_line
@@ -199,7 +199,7 @@ class SessionHost:
                     open_agent(self.config, opened=self.opened, approver=self._approve, report=self._report)
                 )
                 agent.session.subscribe(self._on_event)
-                agent.loop.on_turn_result.append(self._on_turn_result)
+                agent.loop.notices.append(self._on_notice)
                 self.agent = agent
                 task_status.started(self)
                 started = True
@@ -384,10 +384,10 @@ class SessionHost:
         for update in self.view.updates(event):
             self.pump.put(update)
 
-    def _on_turn_result(self, result: TurnResult) -> None:
-        if self._waiting:
+    def _on_notice(self, notice: Notice) -> None:
+        if isinstance(notice, TurnFinished) and self._waiting:
             waiter = self._waiting.popleft()
-            waiter.result = result
+            waiter.result = notice.result
             waiter.done.set()
 
     def _answer_waiting(self) -> None:

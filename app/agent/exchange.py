@@ -4,7 +4,8 @@ context window (compacting first, or after a length refusal) and its answer reco
 `assistant/message`.
 
 It appends events but never chooses a barrier: the pre-request barrier is the policy's wrapper on `around_stream`.
-The loop owns the turn and step; it hands each step's `Streamed` in and gets the answer's calls back.
+The loop owns the turn and step; it hands each step's `Streamed` in and gets the answer's calls back. What is transient
+(a summary request running, a silent server, the window learnt) is told on `notices` (notices.py), never logged.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import random
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Literal, cast
+from typing import Any, AsyncIterator, Literal, cast
 
 import anyio
 
@@ -61,6 +62,7 @@ from .compaction import (
     window_named_in,
 )
 from .hooks import Hooks, StreamContext
+from .notices import Compacting, OnNotice, Waiting, WindowKnown, tell
 from .text_form import as_text_form, refuses_tool_role
 from .tool_calls import CallIds, parse_arguments
 from .transcript import Transcript
@@ -72,12 +74,6 @@ SUMMARY_SHARE = 0.5  # of the window, per piece of history a summary request car
 WAIT_REPORT_EVERY = 10.0  # seconds between "still waiting for the server" reports while no answer has come
 FINISH_REASONS = frozenset({"stop", "tool_calls", "length", "content_filter", "other"})
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "other"]
-
-# what faces hear: a summary request started (True) or ended (False); how long the server has been silent (None once
-# it answers or the attempt ends); the context window and where it came from, whenever it is first known or changes
-OnCompacting = Callable[[bool], None]
-OnWaiting = Callable[[float | None], None]
-OnWindow = Callable[[int, str], None]
 
 
 @dataclass
@@ -121,9 +117,8 @@ class ModelExchange:
         self.context_window = context_window
         self.profile = profile  # recorded in each request/header, so a resumed session can name it
         self.compact_next = False  # `/compact`: compact before the next request whatever its size
-        self.on_compacting: list[OnCompacting] = []
-        self.on_waiting: list[OnWaiting] = []
-        self.on_window: list[OnWindow] = []
+        # what faces hear that is not in the log (notices.py): a summary request, a silent server, the window learnt
+        self.notices: list[OnNotice] = []
         self.known_window: tuple[int, str] | None = None
         self.refused_window: int | None = None  # the window a length refusal named, when smaller than the one assumed
         self.output_limit: int | None = None  # the output-token limit requests send (within the latest window)
@@ -254,7 +249,7 @@ class ModelExchange:
 
     async def _consume(self, turn: int, step: int, streamed: Streamed, stream: AsyncIterator[StreamItem]) -> Answer:
         end: StreamEnd | None = None
-        watch = _WaitWatch(asyncio.get_running_loop(), self.wait_report_every, self.on_waiting) if self.on_waiting \
+        watch = _WaitWatch(asyncio.get_running_loop(), self.wait_report_every, self.notices) if self.notices \
             else _NO_WATCH
         async with aclosing(stream):  # type: ignore[type-var]  # (every provider's stream is an async generator)
             streamed.open = True
@@ -312,8 +307,7 @@ class ModelExchange:
         self.output_limit = self.limits.output_tokens(window)
         if (window, source) != self.known_window:
             self.known_window = (window, source)
-            for callback in self.on_window:
-                callback(window, source)
+            tell(self.notices, WindowKnown(window, source))
         return window
 
     async def _compact_if_needed(self, turn: int, step: int, force: bool = False) -> bool:
@@ -330,8 +324,7 @@ class ModelExchange:
         earlier = Transcript(self.session.events)
         earlier.extend([e for e in self.session.events if e.seq <= through])
         summary, usage = "", None
-        for callback in self.on_compacting:
-            callback(True)
+        tell(self.notices, Compacting(True))
         try:
             # half the window per piece: room for the summary so far, the instructions and the answer
             for piece in summary_pieces(earlier.messages, int(window * SUMMARY_SHARE)):
@@ -339,8 +332,7 @@ class ModelExchange:
                                        params=dict(self.params), turn=turn, step=step, max_tokens=self.output_limit)
                 summary, usage = await self._summarise(request)
         finally:
-            for callback in self.on_compacting:
-                callback(False)
+            tell(self.notices, Compacting(False))
         if not summary:
             raise CompactionFailed("the model returned an empty summary; the conversation was not compacted")
         self.session.append(ContextCompaction(
@@ -375,7 +367,7 @@ class ModelExchange:
 
 
 class _NoWatch:
-    """Nobody listens for waiting reports: nothing is timed."""
+    """Nobody listens to the loop's notices: nothing is timed."""
 
     def progress(self) -> None:
         pass
@@ -392,8 +384,8 @@ class _WaitWatch:
     seconds while it stays silent; None once bytes come again and when the attempt ends. A timer on the event loop:
     no task, nothing to cancel into the stream; the stream's consumer only notes the time of each item."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, every: float, callbacks: list[OnWaiting]) -> None:
-        self.loop, self.every, self.callbacks = loop, every, callbacks
+    def __init__(self, loop: asyncio.AbstractEventLoop, every: float, listeners: list[OnNotice]) -> None:
+        self.loop, self.every, self.listeners = loop, every, listeners
         self.last = time.monotonic()
         self.shown = False
         self.handle: asyncio.TimerHandle | None = loop.call_later(every, self._tick)
@@ -402,8 +394,7 @@ class _WaitWatch:
         idle = time.monotonic() - self.last
         if idle >= self.every * 0.95:
             self.shown = True
-            for callback in self.callbacks:
-                callback(idle)
+            tell(self.listeners, Waiting(idle))
             delay = self.every
         else:
             delay = self.every - idle
@@ -413,12 +404,10 @@ class _WaitWatch:
         self.last = time.monotonic()
         if self.shown:
             self.shown = False
-            for callback in self.callbacks:
-                callback(None)
+            tell(self.listeners, Waiting(None))
 
     def stop(self) -> None:
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
-            for callback in self.callbacks:
-                callback(None)
+            tell(self.listeners, Waiting(None))

@@ -1,5 +1,6 @@
 """The loop's extension points. Each is a chain of wrappers `async (ctx, call_next)`; the first registered is the
-outermost. The checkpoint policy is one such plugin; anything else (tracing, rate limits) can sit beside it.
+outermost. The checkpoint policy is one such plugin; anything else (tracing, rate limits) can sit beside it. They are
+a control seam, not a way for faces to listen: faces hear the session's events and the loop's notices (notices.py).
 
 - before_step:  after `step/start` (+ `user/message`), before the request is derived.
 - around_stream: wraps *opening* the provider stream; the innermost call constructs it, so a wrapper that raises

@@ -2,6 +2,8 @@
 
 Everything the loop does is recorded as events on the live session, in SPEC §2's order. It never chooses a barrier:
 the hooks around it do (see policy.py). One turn runs at a time; prompts submitted meanwhile wait in a queue.
+Faces hear about a turn through the session's events, and what is never logged through the loop's `notices`
+(notices.py): a queued turn's result, a summary request running, a silent server, the context window.
 The model exchange of each step (request, retries, the context window, compaction) is `exchange.py`; the evidence
 gathered around tool calls (fingerprints, before-images, workspace snapshots) is the `evidence.py` plug-in.
 
@@ -58,10 +60,11 @@ from ..tools.file_writes import Fingerprint
 from ..tools.registry import ToolRegistry
 from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answer, headless_approver, needs_approval
 from .evidence import Evidence
-from .exchange import ModelExchange, OnCompacting, OnWaiting, OnWindow, Streamed
+from .exchange import ModelExchange, Streamed
 from .hooks import Hooks, StepContext, ToolOutcome, ToolRunContext, TurnContext, nothing
+from .notices import OnNotice, TurnFinished, TurnResult, tell
 from .tool_calls import bad_arguments
-from .turn_state import CallState, OnTurnResult, TurnFailure, TurnResult, TurnState
+from .turn_state import CallState, TurnFailure, TurnState
 from .transcript import Transcript
 
 log = logging.getLogger("cairn.loop")
@@ -124,11 +127,9 @@ class AgentLoop:
         )
         # fingerprints of file tools at least; before-images and snapshots when the composition gives their stores
         self.evidence = evidence or Evidence(session, self.workspace)
-        # what faces hear (the exchange's lists): summary requests, a silent server, the context window
-        self.on_compacting: list[OnCompacting] = self.exchange.on_compacting
-        self.on_waiting: list[OnWaiting] = self.exchange.on_waiting
-        self.on_window: list[OnWindow] = self.exchange.on_window
-        self.on_turn_result: list[OnTurnResult] = []  # queued turns' results
+        # what faces hear besides the session's events (notices.py): the exchange's summary requests, silent server
+        # and context window, and each queued turn's result
+        self.notices: list[OnNotice] = self.exchange.notices
         self.report = report or log.warning  # one line for the operator (stderr headless, a notice in the TUI)
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
@@ -245,8 +246,7 @@ class AgentLoop:
                 async with self._turn_lock:
                     prompt = self._queue.pop(0)
                     result = await self._turn(prompt)
-                for callback in self.on_turn_result:
-                    callback(result)
+                tell(self.notices, TurnFinished(result))
             self._mark_idle_if_done()
 
     # -- one turn ---------------------------------------------------------------------------------------------------

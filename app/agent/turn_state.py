@@ -1,27 +1,16 @@
-"""What a turn holds while it runs, and what it returns: the loop's state, kept apart so the loop reads as the
-turn/step machine. A step's answer so far is the exchange's `Streamed`; each call's progress is a `CallState`, which
-is what closing a cut turn looks at (asked but not decided, recorded, running, answered)."""
+"""What a turn holds while it runs: the loop's state, kept apart so the loop reads as the turn/step machine (what a
+turn returns, `TurnResult`, is in notices.py, where faces hear it). A step's answer so far is the exchange's
+`Streamed`; each call's progress is a `CallState`, which is what closing a cut turn looks at (asked but not decided,
+recorded, running, answered)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 from cairn.persistence.events import ToolCallRequest, ToolResult, TurnError
 
 from .exchange import Streamed
 from .hooks import ToolRunContext
-
-
-@dataclass
-class TurnResult:
-    turn: int
-    reason: str  # completed | cancelled | error
-    error: TurnError | None
-    text: str  # the last assistant text of the turn
-
-
-OnTurnResult = Callable[[TurnResult], None]  # a queued turn ended
 
 
 class TurnFailure(Exception):

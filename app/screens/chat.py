@@ -47,6 +47,8 @@ from cairn.widgets.terminal_text import safe_text
 from cairn.widgets.transcript import Notice, Transcript
 
 from .. import quiet_gc, slash_commands
+from ..agent.notices import Compacting, TurnFinished, TurnResult, Waiting
+from ..agent.notices import Notice as LoopNotice
 from ..config.resolver import Config
 from ..config.resumed import RESUMED_WORKSPACE
 from ..history import PromptHistory, history_path
@@ -60,7 +62,6 @@ from .rewind_flow import RewindFlow
 from .typeahead import Dialog, KeyRouter
 
 if TYPE_CHECKING:  # the agent stack (loop, tools, providers, MCP) is imported after the first frame (P8)
-    from ..agent.loop import TurnResult
     from ..compose import Agent
     from ..providers.base import Provider
 
@@ -244,10 +245,7 @@ class ChatScreen(Screen[None]):
         if agent.mcp is not None:  # servers come up while the operator types: the status bar says so
             agent.mcp.on_change.append(self.refresh_activity)
             self.refresh_activity()
-        agent.loop.on_turn_result.append(self._turn_finished)
-        agent.loop.on_compacting.append(self._set_compacting)
-        agent.loop.on_waiting.append(self._set_waiting)
-        agent.loop.on_window.append(lambda *_: self.refresh_provider())
+        agent.loop.notices.append(self._on_notice)
 
     def first_frame_drawn(self) -> None:
         self.agent_lifetime.first_frame_drawn()
@@ -376,8 +374,21 @@ class ChatScreen(Screen[None]):
         self._toast(safe_text(text), severity="error", timeout=8)
         self.status_bar.failed = True
 
+    def _on_notice(self, notice: LoopNotice) -> None:
+        """What the loop tells besides the session's events (in the loop's task)."""
+        if isinstance(notice, TurnFinished):
+            self._turn_finished(notice.result)
+        elif isinstance(notice, Compacting):
+            self._compacting = notice.active
+            self.refresh_activity()
+        elif isinstance(notice, Waiting):
+            self._waited = notice.seconds  # how long the server has kept this request waiting (None: it answered)
+            self.refresh_activity()
+        else:
+            self.refresh_provider()  # the context window is known or changed
+
     def _turn_finished(self, result: TurnResult) -> None:
-        """After each turn (in the loop's task): hand the next waiting prompt to the loop, keeping their order."""
+        """After each queued turn: hand the next waiting prompt to the loop, keeping their order."""
         self.prompt_queue.turn_finished()
         if result.reason == "error" and self.is_attached:
             self._toast("The turn ended in an error: ↑ in the prompt brings your prompt back to send it again.",
@@ -387,14 +398,6 @@ class ChatScreen(Screen[None]):
     def _editing_queued(self) -> int | None:
         prompt = next(iter(self.query(PromptInput)), None) if self.is_attached else None
         return prompt.queue_at if prompt is not None else None
-
-    def _set_compacting(self, active: bool) -> None:
-        self._compacting = active
-        self.refresh_activity()
-
-    def _set_waiting(self, seconds: float | None) -> None:
-        self._waited = seconds  # how long the server has kept this request waiting (None: it answered)
-        self.refresh_activity()
 
     def refresh_activity(self) -> None:
         """The status bar's activity and grants, and the queue above the prompt."""
