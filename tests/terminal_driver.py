@@ -64,6 +64,24 @@ def terminal(env: dict[str, str], width: int = WIDTH, height: int = HEIGHT) -> T
     raise AssertionError(f"CAIRN_TEST_TERMINAL={kind!r}: expected `tmux` or `pty`")
 
 
+SHELLS = {"sh", "bash", "dash", "zsh", ""}
+
+
+def exec_done(pid: int, timeout: float = WAIT) -> int:
+    """`pid` once the shell that started it has exec'd the command (its argv[0] is no longer a shell; mid-exec it
+    reads empty): until then /proc shows the shell, not the program the caller asked about. A process gone returns."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return pid
+        if os.path.basename(argv0).decode(errors="replace") not in SHELLS:
+            return pid
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not exec its command within {timeout:.0f} s")
+
+
 class _Waiting:
     def wait_screen(self, name: str, *needles: str, timeout: float = WAIT) -> str:
         deadline = time.monotonic() + timeout
@@ -95,7 +113,7 @@ class Tmux(_Waiting):
         self("new-session", "-d", "-s", name, "-x", str(self.width), "-y", str(self.height), "-c", str(cwd),
              f"exec {command}")
         self("set-option", "-t", name, "remain-on-exit", "on")  # a crash stays readable on screen
-        return self.pid(name)
+        return exec_done(self.pid(name))
 
     def pid(self, name: str) -> int:
         return int(self("display-message", "-p", "-t", name, "#{pane_pid}").strip())
@@ -232,7 +250,7 @@ class PtyTerminal(_Waiting):
     def start(self, name: str, cwd: Path, command: str) -> int:
         assert name not in self.panes, f"a terminal {name!r} is already open"
         pane = self.panes[name] = _Pane(cwd, command, self.env, self.width, self.height)
-        return pane.proc.pid
+        return exec_done(pane.proc.pid)
 
     def send_keys(self, name: str, *keys: str) -> None:
         self.panes[name]._write(b"".join(key_bytes(k) for k in keys))

@@ -77,7 +77,13 @@ def test_approval_dialog_waiting_for_tab_while_the_operator_types_picture(snap_c
         modal = await wait_for(pilot, lambda: isinstance(app.screen, ApprovalModal) and app.screen.is_mounted
                                and app.screen, "the dialog")
         await wait_for(pilot, lambda: [c.status for c in app.chat.query(ToolCard)] == ["awaiting approval"], "card")
-        await repaint(pilot, app, durable=False)
+        # mounted is not yet drawn: repaint the chat behind the dialog until its last layout holds the card
+        card = app.chat.query_one(ToolCard)
+        for _ in range(100):
+            await repaint(pilot, app, durable=False)
+            if card in app.chat._compositor.visible_widgets:
+                break
+        assert card in app.chat._compositor.visible_widgets, "the card was never laid out behind the dialog"
         assert not modal.armed
         assert_shows(app, modal.query_one("#dialog").region, size, "Allow run_command?", HELD_TEXT,
                      *modal.query_one("#choices", Choices).labels())
