@@ -61,10 +61,23 @@ class StepStart(Event, tag="step/start", kw_only=True):
     step: int
 
 
+class Attachment(msgspec.Struct, gc=False, kw_only=True):
+    """(rev 4) A workspace file an `@path` mention (or an ACP resource link) attached to a prompt: the path as typed,
+    relative to the workspace, the whole file's hash and size, and the text the model was sent (cut at the size
+    limit, `truncated`). The text is kept so a resumed session sends exactly what was sent before."""
+
+    path: str
+    sha256: str
+    size: int
+    text: str
+    truncated: bool = False
+
+
 class UserMessage(Event, tag="user/message", kw_only=True):
     turn: int
     step: int
     text: str
+    attachments: list[Attachment] = []  # rev 4: the files its `@path` mentions attached (optional: older logs load)
 
 
 class RequestHeader(Event, tag="request/header", kw_only=True):
@@ -215,6 +228,61 @@ class WorkspaceSnapshot(Event, tag="workspace/snapshot", kw_only=True):
     ignorable: bool = True
 
 
+class InstructionFile(msgspec.Struct, gc=False, kw_only=True):
+    """One project-instructions file read for the system prompt: where (`~/…` for the user's own file, else relative
+    to the workspace), which level (`user` or `project`), its hash and size as read, and whether it was cut at the
+    size limit. `error`: why it could not be read (then it was not sent)."""
+
+    path: str
+    scope: str
+    sha256: str | None
+    size: int
+    truncated: bool = False
+    error: str | None = None
+
+
+class ContextInstructions(Event, tag="context/instructions", kw_only=True):
+    """(rev 4, ignorable) The project instructions the model is told in its system prompt from this turn on: the files
+    read (AGENTS.md from the workspace root down, CLAUDE.md/GEMINI.md where a level has no AGENTS.md, the user's own
+    file) and the text sent, secrets scrubbed. Appended at a turn's start only when they differ from the last record,
+    so the text is in the log once per change and a resumed session knows what the model was told."""
+
+    turn: int
+    files: list[InstructionFile]
+    text: str
+    notices: list[str] = []
+    ignorable: bool = True
+
+
+class ContextEnvironment(Event, tag="context/environment", kw_only=True):
+    """(rev 4, ignorable) The environment lines of the system prompt (date, OS, shell, workspace, git branch and a short
+    status), appended at a turn's start when they differ from the last record."""
+
+    turn: int
+    text: str
+    ignorable: bool = True
+
+
+class OperatorCommand(Event, tag="operator/command", kw_only=True):
+    """(rev 4, ignorable) The operator's own shell command (`!command` in the TUI), run in the workspace as a turn of its
+    own after the turn's start snapshot: its intent, durable before the command starts. Not a model tool call; its
+    output reaches the model as context with the next prompt."""
+
+    turn: int
+    command: str
+    ignorable: bool = True
+
+
+class OperatorResult(Event, tag="operator/result", kw_only=True):
+    """(rev 4, ignorable) How an operator command ended: its exit code (None when it was stopped or could not start)
+    and its output (cut at the tool output limit, with a notice)."""
+
+    turn: int
+    exit_code: int | None
+    output: str
+    ignorable: bool = True
+
+
 class WorkspaceMoved(Event, tag="workspace/moved", kw_only=True):
     """(rev 4 §10, ignorable) The session's workspace moved from `from_` to `to` (`cairn resume --workspace DIR`):
     tools, snapshots and rewinds run in `to` from here on, and snapshots taken before the move never apply to it."""
@@ -362,7 +430,8 @@ KnownEvent = (
     TurnStart | StepStart | UserMessage | RequestHeader | AssistantChunk | AssistantMessage | ApprovalAsked
     | ApprovalDecided | ToolCall | ToolResult | RecoveryVerdict | StepEnd | TurnEnd | ReasoningChunk | RequestRetry
     | ToolProgress | ContextCompaction | SessionMode | RecoveryEvidence | ConversationRewind | RewindPlan | RewindStep
-    | RewindEnd | WorkspaceSnapshot | WorkspaceMoved
+    | RewindEnd | WorkspaceSnapshot | WorkspaceMoved | ContextInstructions | ContextEnvironment | OperatorCommand
+    | OperatorResult
 )
 AnyEvent = KnownEvent | IgnorableEvent
 
