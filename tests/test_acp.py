@@ -429,7 +429,10 @@ def test_prompt_text_takes_text_and_links_and_refuses_images(tmp_path):
     ws = tmp_path.resolve()
     assert prompt_text([text_block("look at "), resource_link_block("a.py", f"file://{ws}/src/a%20b.py"),
                         text_block(" and "), resource_link_block("docs", "https://example.org/d"),
-                        text_block(" please")], ws) == "look at `src/a b.py` and [docs](https://example.org/d) please"
+                        text_block(" please")], ws) == 'look at @"src/a b.py" and [docs](https://example.org/d) please'
+    # a link is a mention (issue 42): set apart from the text around it, so the loop attaches the file
+    assert prompt_text([text_block("read"), resource_link_block("a", f"file://{ws}/a.py"), text_block("now")],
+                       ws) == "read @a.py now"
     with pytest.raises(RequestError) as outside:
         prompt_text([resource_link_block("passwd", "file:///etc/passwd")], ws)
     assert outside.value.code == -32602 and "outside this session's workspace" in outside.value.data["details"]

@@ -291,7 +291,9 @@ async def test_file_links_become_workspace_paths_and_a_link_outside_is_refused(r
         await agent.conn.prompt(session_id=sid, prompt=[text_block("read "), link])
         with pytest.raises(RequestError) as outside:
             await agent.conn.prompt(session_id=sid, prompt=[resource_link_block("hosts", "file:///etc/hosts")])
-    assert next(e["text"] for e in rig.show(sid) if e["type"] == "user/message") == "read `notes.md`"
+    message = next(e for e in rig.show(sid) if e["type"] == "user/message")
+    assert message["text"] == "read @notes.md"  # a mention: the loop attached the file (issue 42)
+    assert [(a["path"], a["text"], a["size"]) for a in message["attachments"]] == [("notes.md", "n\n", 2)]
     assert outside.value.code == -32602 and "outside this session's workspace" in outside.value.data["details"]
 
 

@@ -6,13 +6,27 @@ Enter puts the text back in its place in the queue, Ctrl+R (or Enter on an empti
 was; while one is open the screen holds the queue, so the version being edited is never sent behind your back.
 `take_typed` replays the keys a dialog Cairn raised while the operator was typing did not take (SPEC §11,
 `app/screens/typeahead.py`), so type-ahead lands here, in order, as if the dialog had not been there.
+Tab completes what the screen's popup offers: a `/command` (the whole text, `completion`) or the `@word` under the
+cursor (`mention`, set by `app/screens/mention_completion.py`), replaced in place. Tab is not typing: while a dialog
+Cairn raised waits for it, Tab goes to the dialog and never reaches the prompt.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
+
+
+@dataclass(frozen=True)
+class MentionEdit:
+    """What Tab does to an `@word`: the text from `start` to `end` (row, column) becomes `text`."""
+
+    start: tuple[int, int]
+    end: tuple[int, int]
+    text: str
 
 
 class PromptInput(TextArea):
@@ -49,6 +63,7 @@ class PromptInput(TextArea):
         self.queue_at: int | None = None  # index into the queue of the prompt open for editing
         self._draft = ""
         self.completion = ""  # what Tab completes a `/word` to (set by the screen's completion popup)
+        self.mention: MentionEdit | None = None  # what Tab does to the `@word` at the cursor (set by the popup too)
         # the own time of the last Enter that sent a prompt: the keys up to it were that prompt, not typing (SPEC §11)
         self.sent_at: float | None = None
 
@@ -145,6 +160,12 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.post_message(self.HelpRequested())
+            return
+        if key == "tab" and self.mention is not None:
+            event.stop()
+            event.prevent_default()
+            edit, self.mention = self.mention, None
+            self.move_cursor(self.replace(edit.text, edit.start, edit.end).end_location)
             return
         if key == "tab" and self.completion and self.completion != self.text:
             event.stop()

@@ -468,15 +468,23 @@ def with_editor_servers(config: Config, offered: list[Any] | None) -> tuple[Conf
 
 def prompt_text(blocks: list[Any], workspace: Path) -> str:
     """The prompt as the model will read it. Text and resource links are what every agent must accept: a `file://` link
-    becomes the file's path in the workspace (what `read_file` opens; a link outside it is refused); a text resource
+    becomes an `@path` mention of the file in the workspace, set apart by spaces, so the loop attaches the file like a
+    typed mention (mentions.py; a link outside the workspace is refused); a text resource
     sent although embedded context is not advertised is inlined between markers a replay folds back to its name; a
     binary one is named, never inlined; images and audio are refused."""
     parts: list[str] = []
+    mention = False  # the part before is an `@path` mention: what follows it needs whitespace between
     for block in blocks:
+        glued = bool(parts) and not parts[-1][-1:].isspace()
         if isinstance(block, TextContentBlock):
-            parts.append(block.text)
-        elif isinstance(block, ResourceContentBlock):
-            parts.append(link_text(block.name, block.uri, workspace))
+            parts.append(" " + block.text if mention and block.text[:1].strip() else block.text)
+            mention = False
+            continue
+        mention = False
+        if isinstance(block, ResourceContentBlock):
+            link = link_text(block.name, block.uri, workspace)
+            mention = link.startswith("@")
+            parts.append(" " + link if glued and mention and parts[-1] else link)
         elif isinstance(block, EmbeddedResourceContentBlock):
             resource = block.resource
             uri = resource.uri.replace('"', "%22").replace("\n", "%0A")
@@ -494,7 +502,8 @@ def prompt_text(blocks: list[Any], workspace: Path) -> str:
 
 
 def link_text(name: str, uri: str, workspace: Path) -> str:
-    """A resource link as the model should read it: a workspace path for a local file, the link itself otherwise."""
+    """A resource link as the model should read it: an `@path` mention (quoted when the path has spaces) for a local
+    file, the link itself otherwise."""
     parsed = urlparse(uri)
     if parsed.scheme != "file":
         return f"[{name}]({uri})"
@@ -503,7 +512,10 @@ def link_text(name: str, uri: str, workspace: Path) -> str:
     if target != root and not target.startswith(root.rstrip("/") + "/"):
         raise error(INVALID_PARAMS, f"the linked file {unquote(parsed.path)} is outside this session's workspace "
                     f"{root}; Cairn's tools only reach files inside it", uri=uri)
-    return f"`{os.path.relpath(target, root)}`"
+    path = os.path.relpath(target, root)
+    if not any(c.isspace() for c in path):
+        return f"@{path}"
+    return f'@"{path}"' if '"' not in path and "\n" not in path else f"`{path}`"  # no quoted form for these
 
 
 def stop_reason(result: TurnResult | None, session_id: str) -> StopReason:
