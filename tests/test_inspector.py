@@ -19,6 +19,11 @@ from cairn.app.inspect.model import FilterError, InspectorModel, format_delta, p
 from cairn.app.screens.inspector import EventTable, InspectorApp, InspectorScreen
 from cairn.persistence.events import (
     AssistantMessage,
+    ContextEnvironment,
+    ContextInstructions,
+    InstructionFile,
+    OperatorCommand,
+    OperatorResult,
     RequestHeader,
     StepEnd,
     StepStart,
@@ -85,6 +90,28 @@ def test_barrier_marks_fall_where_spec_section_2_places_them():
         ("turn/end", "turn-end"),
     ]
 
+
+def test_an_operator_command_turn_has_its_barrier_kinds_and_summaries():
+    """A `!command` turn (issue 42): the command is durable before it starts, so its mark is the pre-tool barrier; the
+    context events a turn may start with are summarised, not shown as bare "other" rows."""
+    events = [
+        TurnStart(turn=1),
+        ContextEnvironment(turn=1, text="- Date: 2026-12-05\n- OS: Linux 6.1"),
+        ContextInstructions(turn=1, files=[InstructionFile(path="AGENTS.md", scope="project", sha256="ab", size=3)],
+                            text="## AGENTS.md\nhi"),
+        OperatorCommand(turn=1, command="make test"),
+        OperatorResult(turn=1, exit_code=2, output="boom\nmore"),
+        TurnEnd(turn=1, reason="completed", error=None),
+    ]
+    for seq, e in enumerate(events):
+        e.seq, e.time = seq, CREATED + seq
+    model = InspectorModel("s", events)
+    assert [model.barrier(i) for i in range(len(events))] == [None, None, None, "pre-tool", None, "turn-end"]
+    assert [model.kind(i) for i in range(len(events))] == ["boundary", "other", "other", "tool", "result", "boundary"]
+    assert model.summary(3) == "! make test"
+    assert model.summary(4) == "exit 2 — boom"
+    assert model.summary(2) == "instructions: AGENTS.md"
+    assert model.summary(1) == "environment: Date: 2026-12-05 · OS: Linux 6.1"
 
 def test_a_crashed_session_marks_where_the_log_ended_and_what_repair_would_append(tmp_path):
     world = crashed_world(tmp_path)

@@ -81,6 +81,8 @@ from cairn.persistence.events import (
     AnyEvent,
     AssistantChunk,
     AssistantMessage,
+    OperatorCommand,
+    OperatorResult,
     ReasoningChunk,
     RecoveryEvidence,
     RecoveryVerdict,
@@ -92,6 +94,7 @@ from cairn.persistence.events import (
     UserMessage,
 )
 
+from ..agent.operator_text import operator_text
 from ..render import first_line, result_status, summarize_arguments
 from ..tools.base import ToolFailure
 from ..tools.registry import builtin_safety
@@ -559,6 +562,9 @@ def replay(events: list[AnyEvent], workspace: Path,
             ))
         elif isinstance(e, StepEnd):
             flush_chunks()
+        elif isinstance(e, OperatorCommand):  # the operator's `!command`: replayed as the model is told of it
+            out.append(update_user_message_text(wire(operator_text(e, next((r for r in events if isinstance(
+                r, OperatorResult) and r.turn == e.turn and r.seq > e.seq), None)))))
         elif isinstance(e, TurnEnd):
             flush_chunks()
             if e.reason == "interrupted" and not stopped_said:

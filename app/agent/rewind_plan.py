@@ -29,6 +29,7 @@ from cairn.persistence.blobs import BlobStore
 from cairn.persistence.events import (
     TOOL_OUTCOME_UNKNOWN,
     AnyEvent,
+    OperatorCommand,
     RewindPlan,
     RewindStep,
     ToolCall,
@@ -114,6 +115,8 @@ def prompts(events: list[AnyEvent]) -> list[tuple[int, str]]:
     for e in events:
         if isinstance(e, UserMessage) and e.step == 1 and e.turn not in found:
             found[e.turn] = e.text
+        elif isinstance(e, OperatorCommand) and e.turn not in found:  # the operator's `!command` turn
+            found[e.turn] = f"!{e.command}"
     return sorted(found.items())
 
 

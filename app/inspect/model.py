@@ -7,8 +7,8 @@ Marks are derived from the log alone, so they say where the policy *places* a ba
 one succeeded:
 
 - pre-step after `user/message` (step 1) or `step/start` (later steps), pre-request after `request/header` and after
-  each `request/retry` (a retried request passes the barrier again), pre-tool after a top-level `tool/call`, turn-end
-  after `turn/end`;
+  each `request/retry` (a retried request passes the barrier again), pre-tool after a top-level `tool/call` and after
+  an `operator/command` (the operator's `!command`, durable before it starts), turn-end after `turn/end`;
 - repair: the events repair appended. Not yet written (a crashed session nobody resumed): `Inspection.repair`.
   Already written: a block of results / `step/end` / `turn/end interrupted` that `repair_interrupted_turn` reproduces
   byte for byte from the events before it (repair is deterministic, and only repair ends a turn `interrupted`);
@@ -30,8 +30,12 @@ from cairn.persistence.events import (
     ApprovalDecided,
     AssistantChunk,
     AssistantMessage,
+    ContextEnvironment,
+    ContextInstructions,
     ConversationRewind,
     IgnorableEvent,
+    OperatorCommand,
+    OperatorResult,
     ReasoningChunk,
     RecoveryEvidence,
     RecoveryVerdict,
@@ -86,8 +90,10 @@ def kind_of(event: AnyEvent, repaired: bool = False) -> str:
         return "error"
     if t in (RequestHeader, AssistantChunk, AssistantMessage, ReasoningChunk):
         return "request"
-    if t in (ToolCall, ToolProgress, ApprovalAsked, ApprovalDecided):
+    if t in (ToolCall, ToolProgress, ApprovalAsked, ApprovalDecided, OperatorCommand):
         return "tool"
+    if t is OperatorResult:
+        return "result"
     return "other"
 
 
@@ -181,6 +187,16 @@ def summary_of(event: AnyEvent, width: int = 200) -> str:
         return f"(ignorable) {', '.join(sorted(e.fields))}"
     if t is SessionMode:
         return f"approval mode: {e.mode}"
+    if t is OperatorCommand:
+        return "! " + first_line(e.command, width)
+    if t is OperatorResult:
+        status = "stopped" if e.exit_code is None else f"exit {e.exit_code}"
+        return f"{status} — {first_line(e.output, width)}" if e.output else status
+    if t is ContextInstructions:
+        files = ", ".join(f.path for f in e.files) or "none"
+        return f"instructions: {files}" + (f" · {first_line(e.notices[0], width)}" if e.notices else "")
+    if t is ContextEnvironment:
+        return "environment: " + " · ".join(line.strip("- ") for line in e.text.splitlines() if line.strip())[:width]
     return ""
 
 
@@ -411,6 +427,8 @@ class InspectorModel:
             return "pre-request"
         if t is ToolCall:
             return "pre-tool" if e.parent_call_id is None else None
+        if t is OperatorCommand:  # the operator's own command is durable before it starts, like a tool body
+            return "pre-tool"
         if t is TurnEnd:
             return "turn-end"
         return None

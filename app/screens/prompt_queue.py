@@ -1,5 +1,6 @@
 """The prompt queue: prompts typed while a turn runs wait here, not in the loop, so they can be taken back and edited;
-they are handed to the loop one at a time, in the order they were typed."""
+they are handed to the loop one at a time, in the order they were typed. The operator's own `!command`s wait here too,
+as typed (with their `!`), and become a command turn only when handed to the loop (agent/operator_command.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,20 @@ from cairn.widgets.terminal_text import safe_text
 
 if TYPE_CHECKING:
     from ..agent.loop import AgentLoop
+    from ..agent.operator_command import TurnInput
+
+
+def is_command(text: str) -> bool:
+    """`!cmd`: the operator's own shell command, not a prompt (a lone `!` is a prompt)."""
+    from ..agent.operator_command import parse  # (not before the first frame: it brings the tools in)
+
+    return parse(text) is not None
+
+
+def turn_input(text: str) -> "TurnInput":
+    from ..agent.operator_command import as_turn_input
+
+    return as_turn_input(text)
 
 
 class PromptQueue:
@@ -41,7 +56,7 @@ class PromptQueue:
             self.send_next()
         else:
             self.in_loop += 1
-            loop.submit(text)
+            loop.submit(turn_input(text))
 
     def send_next(self) -> None:
         """Hand the head of the queue to a free loop, unless a queued prompt is open for editing: the queue is held
@@ -51,9 +66,10 @@ class PromptQueue:
             return
         if self.paused:
             return
+        text = self.pending.pop(0)
         self.in_loop += 1
-        self.sending = True
-        loop.submit(self.pending.pop(0))
+        self.sending = not is_command(text)  # a command sends nothing to the model: it runs at once
+        loop.submit(turn_input(text))
 
     def go_on(self) -> None:
         """The operator sends the paused queue."""

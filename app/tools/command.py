@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import anyio
@@ -107,7 +108,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     return set_parent_death_signal
 
 
-class _Capture:
+class Capture:
     """The first `limit` bytes of a stream, plus a count of what came after."""
 
     def __init__(self, limit: int = OUTPUT_LIMIT) -> None:
@@ -132,7 +133,7 @@ class _Capture:
 class _Command(asyncio.SubprocessProtocol):
     """What the event loop tells us about the shell: output as it arrives, end of output, exit."""
 
-    def __init__(self, capture: _Capture) -> None:
+    def __init__(self, capture: Capture) -> None:
         self.capture = capture
         self.output_ended = anyio.Event()
         self.exited = anyio.Event()
@@ -241,12 +242,13 @@ def tool_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]
     return {k: v for k, v in environ.items() if k not in _withheld_names and v not in values}
 
 
-async def run_command(args: dict[str, Any], ctx: ToolContext) -> str:
-    command_line = require_str(args, "command")
-    timeout = optional_number(args, "timeout", DEFAULT_TIMEOUT, minimum=1, maximum=MAX_TIMEOUT)
-    env = tool_environment()
-    env["CAIRN_CALL_ID"] = ctx.call_id
-    capture = _Capture()
+async def run_shell(command_line: str, cwd: Path, env: dict[str, str], timeout: float, capture: Capture,
+                    started: Callable[[int, int], None] = lambda pid, started_ms: None) -> tuple[int | None, bool]:
+    """Run `command_line` the way this module runs every command (see the module docstring): its output goes into
+    `capture` as it arrives, `started(pid, started_ms)` is told right after spawn. Returns (exit status, whether
+    background processes still held the output open); the status is None when the time limit stopped it. Raises
+    ToolFailure when it cannot start; a cancel stops the whole group before it propagates. Shared by `run_command`
+    and the operator's own `!command` (agent/operator_command.py)."""
     loop = asyncio.get_running_loop()
     guard_read, guard_write = os.pipe()  # both ends close-on-exec; Popen gives the shell the read end as its stdin
     started_ms = int(time.time() * 1000)
@@ -265,7 +267,7 @@ async def run_command(args: dict[str, Any], ctx: ToolContext) -> str:
                 stdin=guard_read,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                cwd=ctx.workspace,
+                cwd=cwd,
                 env=env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent(),
@@ -279,7 +281,7 @@ async def run_command(args: dict[str, Any], ctx: ToolContext) -> str:
     pid = transport.get_pid()  # also the process group id (start_new_session)
     done = False
     try:
-        ctx.progress(pid, started_ms)
+        started(pid, started_ms)
         with anyio.move_on_after(timeout) as deadline:
             lingering = await _pump(command)
         done = not deadline.cancelled_caught
@@ -292,19 +294,32 @@ async def run_command(args: dict[str, Any], ctx: ToolContext) -> str:
         os.close(guard_write)
         transport.close()
     if not done:
-        raise ToolFailure(
-            f"command timed out after {timeout:g} s; it and the processes it started were stopped. "
-            f"Output so far:\n{capture.text() or '(none)'}"
-        )
-
+        return None, False
     returncode = transport.get_returncode()
     assert returncode is not None
+    return returncode, lingering
+
+
+def timed_out_text(timeout: float) -> str:
+    return f"command timed out after {timeout:g} s; it and the processes it started were stopped."
+
+
+LINGERING = ("[the shell exited but background processes still held its output open; stopped reading after "
+             f"{EXIT_GRACE:g} s and left them running]")
+
+
+async def run_command(args: dict[str, Any], ctx: ToolContext) -> str:
+    command_line = require_str(args, "command")
+    timeout = optional_number(args, "timeout", DEFAULT_TIMEOUT, minimum=1, maximum=MAX_TIMEOUT)
+    env = tool_environment()
+    env["CAIRN_CALL_ID"] = ctx.call_id
+    capture = Capture()
+    returncode, lingering = await run_shell(command_line, ctx.workspace, env, timeout, capture, ctx.progress)
+    if returncode is None:
+        raise ToolFailure(f"{timed_out_text(timeout)} Output so far:\n{capture.text() or '(none)'}")
     result = _join(capture.text(), _status_line(returncode))
     if lingering:
-        result += (
-            "\n[the shell exited but background processes still held its output open; stopped reading after "
-            f"{EXIT_GRACE:g} s and left them running]"
-        )
+        result += "\n" + LINGERING
     return result
 
 
