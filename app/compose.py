@@ -139,6 +139,7 @@ async def mount_agent(
         context_window=config.context_window or configured_window(),
         profile=config.profile,
         text_form=config.transcript == "text",
+        project_context=config.project_context == "on",
         evidence=Evidence(session, config.workspace, blobs=before_images(stack, config), report=report,
                           snapshots=workspace_snapshots(config, report, session_id=session.id,
                                                         holds_secret=session.holds_secret)),

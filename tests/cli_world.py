@@ -31,7 +31,8 @@ class World:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "CAIRN_HOME": str(self.home), "LANG": "C.UTF-8",
-               "CAIRN_BACKEND": self.backend, "CAIRN_PROVIDER": "script", "CAIRN_SNAPSHOTS": self.snapshots, **extra}
+               "CAIRN_BACKEND": self.backend, "CAIRN_PROVIDER": "script", "CAIRN_SNAPSHOTS": self.snapshots,
+               "CAIRN_PROJECT_CONTEXT": os.environ.get("CAIRN_PROJECT_CONTEXT", "on"), **extra}  # (conftest: off)
         if "CAIRN_DATABASE_URL" in os.environ:
             env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]
         return env

@@ -3,6 +3,14 @@ import time
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def no_project_context(monkeypatch):
+    """Project instructions and the environment lines are off unless a test turns them on (`monkeypatch.delenv`): most
+    tests pin SPEC §2's exact events and requests, and none may depend on the machine's AGENTS.md, date or git state
+    (tests/test_project_instructions.py and test_system_environment.py cover them; child processes inherit this)."""
+    monkeypatch.setenv("CAIRN_PROJECT_CONTEXT", "off")
+
+
 @pytest.fixture
 def anyio_backend():
     return "asyncio"

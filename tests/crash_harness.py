@@ -131,6 +131,7 @@ class Rig:
             "CAIRN_HOME": str(self.home),
             "CAIRN_BACKEND": self.backend,
             "CAIRN_DEMO_DELAY_MS": "0",
+            "CAIRN_PROJECT_CONTEXT": os.environ.get("CAIRN_PROJECT_CONTEXT", "on"),  # (tests/conftest.py: off)
         }
         if self.backend == "postgres":  # the test's private schema (tests/conftest.py `pg_database_url`)
             env["CAIRN_DATABASE_URL"] = os.environ["CAIRN_DATABASE_URL"]

@@ -31,6 +31,7 @@ def env(tmp_path):
         "CAIRN_HOME": str(tmp_path / "home"),
         "CAIRN_DEMO_DELAY_MS": "0",
         "LANG": "C.UTF-8",
+        "CAIRN_PROJECT_CONTEXT": os.environ.get("CAIRN_PROJECT_CONTEXT", "on"),  # (tests/conftest.py: off)
     }
 
 

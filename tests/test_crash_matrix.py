@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 PROMPT = "please do the thing"
 KEY = "sk-crash-matrix-test-key"
-TOOLS = ["list_dir", "read_file", "search_text", "write_file", "edit_file", "run_command"]
+TOOLS = ["list_dir", "read_file", "search_text", "find_files", "write_file", "edit_file", "run_command"]
 
 
 @pytest.fixture(params=["jsonl", "sqlite", "postgres"])

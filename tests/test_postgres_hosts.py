@@ -125,7 +125,8 @@ class Host:
     def env(self, **extra: str) -> dict[str, str]:
         return {"PATH": os.environ["PATH"], "HOME": str(self.home), "LANG": "C.UTF-8", "CAIRN_HOME": str(self.home),
                 "CAIRN_BACKEND": "postgres", "CAIRN_DATABASE_URL": self.url, "CAIRN_DEMO_DELAY_MS": "0",
-                "CAIRN_SNAPSHOTS": "off", **extra}
+                "CAIRN_SNAPSHOTS": "off", "CAIRN_PROJECT_CONTEXT": os.environ.get("CAIRN_PROJECT_CONTEXT", "on"),
+                **extra}  # (tests/conftest.py turns project context off)
 
     def cairn(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(*args), env=self.env(), cwd=self.workspace, capture_output=True, text=True,

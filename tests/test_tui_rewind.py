@@ -50,7 +50,8 @@ def cli_turn(world, tmp_path: Path, sid: str, prompt: str, *calls: dict) -> None
         s.id == sid for s in world.store.list_sessions())
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CAIRN_HOME": str(world.config.home),
            "LANG": "C.UTF-8", "CAIRN_BACKEND": "jsonl", "CAIRN_PROVIDER": "script",
-           "CAIRN_SNAPSHOTS": world.config.snapshots}
+           "CAIRN_SNAPSHOTS": world.config.snapshots,
+           "CAIRN_PROJECT_CONTEXT": os.environ.get("CAIRN_PROJECT_CONTEXT", "on")}  # (tests/conftest.py: off)
     proc = subprocess.run([CAIRN, "run", "--script", str(script), "--yes",
                            *(["--session-id", sid] if first else ["--resume", sid]), prompt],
                           env=env, cwd=world.workspace, capture_output=True, text=True, timeout=60)

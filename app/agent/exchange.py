@@ -63,6 +63,7 @@ from .compaction import (
 )
 from .hooks import Hooks, StreamContext
 from .notices import Compacting, OnNotice, Waiting, WindowKnown, tell
+from .project_context import SystemPrompt
 from .text_form import as_text_form, refuses_tool_role
 from .tool_calls import CallIds, parse_arguments
 from .transcript import Transcript
@@ -109,7 +110,8 @@ class ModelExchange:
         self.tools = tools
         self.hooks = hooks
         self.transcript = transcript
-        self.system_prompt = system_prompt
+        # the base prompt, then the environment and instructions as the log records them (project_context.py)
+        self.prompt = SystemPrompt(system_prompt, session)
         self.params = params
         self.max_retries = max_retries
         self.retry_base_delay = retry_base_delay
@@ -129,6 +131,10 @@ class ModelExchange:
         # text form (SPEC §7 rev 3): this endpoint and model refused the tool role once; kept for the session, and
         # taken up again from the log when the session is resumed on the same endpoint and model
         self.text_form = text_form or self.text_form_recorded()
+
+    @property
+    def system_prompt(self) -> str:
+        return self.prompt.text
 
     @property
     def provider(self) -> Provider:

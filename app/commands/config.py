@@ -41,6 +41,7 @@ def settings(config: Config) -> list[tuple[str, Any, str]]:
     rows += [
         ("workspace", str(config.workspace), src.get("workspace", "default")),
         ("snapshots", snapshots_shown(config), src.get("snapshots", "default")),
+        ("project_context", config.project_context, src.get("project_context", "default")),
         ("provider", config.provider, src.get("provider", "default")),
     ]
     model = config.model or DEFAULT_MODELS.get(config.provider)
@@ -106,10 +107,25 @@ def context_window_row(config: Config, model: str, url: str) -> tuple[int, str]:
     return context_window_for(model, {}), "default (model family)"
 
 
+def instruction_files(config: Config) -> tuple[list[dict[str, Any]], str]:
+    """The project instruction files a turn in this workspace would read now (path, level, size, cut or unreadable),
+    and where that comes from."""
+    from ..agent.project_context import read_instructions, user_config_dir
+
+    if config.project_context == "off":
+        return [], "off (project_context)"
+    files, _, _ = read_instructions(config.workspace.resolve(), user_config_dir())
+    shown = [{"path": f.path, "scope": f.scope, "size": f.size, "truncated": f.truncated, "error": f.error}
+             for f in files]
+    return shown, "read at each turn's start"
+
+
 def config_command(args: argparse.Namespace, config: Config) -> int:
     rows = settings(config)
+    files, files_source = instruction_files(config)
     if args.json:
         out = {name: {"value": value, "source": source} for name, value, source in rows}
+        out["instructions"] = {"value": files, "source": files_source}
         sys.stdout.write(safe_json(json.dumps(out, ensure_ascii=False).encode()).decode() + "\n")
         return EXIT_OK
     width = max(len(name) for name, _, _ in rows)
@@ -117,7 +133,22 @@ def config_command(args: argparse.Namespace, config: Config) -> int:
     value_width = min(max(len(v) for _, v in shown), 48)
     for (name, value), (_, _, source) in zip(shown, rows):
         print(safe_text(f"{name.ljust(width)}  {value.ljust(value_width)}  {source}"))
+    print_instructions(files, files_source, width, value_width)
     return EXIT_OK
+
+
+def print_instructions(files: list[dict[str, Any]], source: str, width: int, value_width: int) -> None:
+    """`instructions  none  …`, or one line per file under `instructions (…):`."""
+    from ..agent.project_context import kb
+
+    if not files:
+        shown = "-" if source.startswith("off") else "none"
+        print(safe_text(f"{'instructions'.ljust(width)}  {shown.ljust(value_width)}  {source}"))
+        return
+    print(safe_text(f"instructions ({source}):"))
+    for f in files:
+        state = f"not readable: {f['error']}" if f["error"] else kb(f["size"]) + (", cut" if f["truncated"] else "")
+        print(safe_text(f"  {f['path']}  ({f['scope']}, {state})"))
 
 
 def _show(value: Any) -> str:

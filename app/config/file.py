@@ -169,6 +169,8 @@ PROFILE_KEYS: dict[str, Callable[[Any], Any]] = {
     "transcript": _choice("messages", "text"),
     # workspace snapshots in a shadow git repository for rewind (SPEC §9 rev 3): "auto" where git is installed, or "off"
     "snapshots": _choice("auto", "off"),
+    # project instructions (AGENTS.md …) and the environment in the system prompt: "on", or "off"
+    "project_context": _choice("on", "off"),
     "headers": _headers,
     "extra_body": _table,
     "timeout": _number(0.0),

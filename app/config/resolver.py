@@ -106,8 +106,10 @@ def resolve_config(
         raise ConfigError(f"workspace {ws} is not a directory")
     sources["workspace"] = "flag --workspace" if workspace else "default"
     snapshots = picker.pick("snapshots", None, "", "CAIRN_SNAPSHOTS", "auto", _parse_snapshots)
+    project_context = picker.pick("project_context", None, "", "CAIRN_PROJECT_CONTEXT", "on", _parse_on_off)
     config = Config(home=home_path, backend=backend, provider="demo", model=None, script=None, workspace=ws.resolve(),
                     database_url=database_url, sources=sources, env=env, snapshots=snapshots,
+                    project_context=project_context,
                     config_file=file.path if file else None, profile=chosen_profile.name if chosen_profile else None)
     if not runs_model:
         return config
@@ -278,6 +280,13 @@ def _parse_snapshots(raw: Any, name: str) -> str:
     value = str(raw).strip().lower()
     if value not in ("auto", "off"):
         raise ConfigError(f"{name} must be auto or off, not {str(raw).strip()[:40]!r}")
+    return value
+
+
+def _parse_on_off(raw: Any, name: str) -> str:
+    value = str(raw).strip().lower()
+    if value not in ("on", "off"):
+        raise ConfigError(f"{name} must be on or off, not {str(raw).strip()[:40]!r}")
     return value
 
 

@@ -78,6 +78,7 @@ class Config:
     thinking_budget: int | None = None
     transcript: str = "messages"  # "text": tool calls and results written as text (SPEC §7 rev 3, text form)
     snapshots: str = "auto"  # workspace snapshots for rewind (SPEC §9 rev 3): "auto" (where git is) or "off"
+    project_context: str = "on"  # project instructions and environment in the system prompt (issue 42): "on" or "off"
     # MCP servers this session starts (config file `[mcp_servers.NAME]`, plus an editor's in ACP): tools.mcp configs
     mcp_servers: tuple[Any, ...] = ()
     # setting -> where its value came from: "flag --model", "env CAIRN_MODEL", "profile NAME", "default"
