@@ -54,12 +54,13 @@ async def call(ws: Path, name: str, **args) -> str:
 # --- registry ---------------------------------------------------------------------------------------------------------
 
 
-def test_registry_has_the_six_spec_tools_with_their_safety():
+def test_registry_has_the_seven_spec_tools_with_their_safety():
     safety = {t.name: t.safety for t in builtin_tools()}
     assert safety == {
         "list_dir": "read_only",
         "read_file": "read_only",
         "search_text": "read_only",
+        "find_files": "read_only",
         "write_file": "idempotent",
         "edit_file": "side_effecting",
         "run_command": "side_effecting",
@@ -83,7 +84,7 @@ def test_registry_register_get_and_duplicates():
     registry.register(extra)
     assert registry.get("nested") is extra
     assert registry.get("nope") is None
-    assert "nested" in registry and len(registry.names()) == 7
+    assert "nested" in registry and len(registry.names()) == 8
     assert ToolRegistry()  # empty but truthy, so `tools or default` keeps a deliberately empty registry
     with pytest.raises(ValueError):
         registry.register(extra)

@@ -1,6 +1,7 @@
 """Rich's Markdown with the two changes an answer's pieces need (see `answer_text`): code blocks without vertical
 padding (a block cut in two pieces draws as one), and tables drawn with a given look (fixed column widths, the header
-only in the first piece), so a table cut between rows reads as one table.
+only in the first piece), so a table cut between rows reads as one table. A code block's cells also carry, as style
+meta, the line its fence opens on (`CODE_META`): a focused block is found on the drawn lines by it (`answer_code`).
 
 Wide tables stay readable (SPEC §11 rev 4). A table whose columns cannot all be as wide as their longest word at the
 width it is drawn at (Rich would cut every cell to `val…`) is drawn one record per row instead: each cell on a line of
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from markdown_it.token import Token
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -24,19 +26,32 @@ from rich.markdown import CodeBlock, TableElement
 from rich.markdown import Markdown as RichMarkdown
 from rich.measure import Measurement
 from rich.segment import Segment
+from rich.style import Style
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from .answer_pieces import Piece, TableLook
+from .answer_pieces import CODE_META, Piece, TableLook
 
 
 class _Code(CodeBlock):
+    line = 0  # the piece's line the block starts on
+
+    @classmethod
+    def create(cls, markdown: RichMarkdown, token: Token) -> "_Code":
+        block = cls(token.info.partition(" ")[0] or "text", markdown.code_theme)  # (what CodeBlock.create makes)
+        block.line = token.map[0] if token.map else 0
+        return block
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """The block, every cell carrying its line as `CODE_META`: a focused block is found and marked on the drawn
+        lines (`answer_code`)."""
         code = str(self.text).rstrip("\n")
         # wrapping only when a line needs it: the same lines, drawn ~40 % cheaper (a streamed code block, P6)
         wrap = any(cell_len(line.expandtabs(4)) > options.max_width - 2 for line in code.splitlines())
-        yield Syntax(code, self.lexer_name, theme=self.theme, word_wrap=wrap, padding=(0, 1))
+        syntax = Syntax(code, self.lexer_name, theme=self.theme, word_wrap=wrap, padding=(0, 1))
+        yield from Segment.apply_style(console.render(syntax, options), post_style=Style.from_meta({CODE_META:
+                                                                                                    self.line}))
 
 
 class _Table(TableElement):

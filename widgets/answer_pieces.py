@@ -21,6 +21,7 @@ LIST_ITEM = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
 FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
 TABLE_DELIM = re.compile(r"\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?\s*$")
 SETEXT = re.compile(r" {0,3}(?:=+|-+)\s*$")
+CODE_META = "cairn.code"  # style meta on a drawn code block's cells: the piece's line its fence opens on
 MAX_COLUMN = 40  # a frozen table column is never wider than this (longer cells wrap)
 
 
@@ -39,6 +40,8 @@ class Piece(msgspec.Struct):
     gap: bool = False  # a blank line separated it from the piece before
     first_table: TableLook | None = None  # look of the piece's first table (the continuation of a cut table)
     last_table: TableLook | None = None  # look of the piece's last table (a table cut after it)
+    line: int = 0  # the answer's line its own text starts at (after the prefix): where its code blocks are in the answer
+    prefix_lines: int = 0  # lines of synthetic start (a reopened fence, a continued table's header)
 
     def estimated_lines(self) -> int:
         """A guess of its height before it is rendered (deciding how much history to show)."""
@@ -75,6 +78,7 @@ class Sealer:
         self._prev = "blank"  # kind of the last line looked at
         self._prev_line = ""
         self._text_from = 0  # offset in body where the current run of paragraph lines began
+        self._body_line = 0  # the answer's line the body starts at
 
     def feed(self, text: str) -> list[Piece]:
         """Add text; return the pieces it finished (the live rest stays in `prefix` + `body`)."""
@@ -95,13 +99,16 @@ class Sealer:
         """Everything left becomes one last piece (none if it is blank)."""
         if not self.body.strip():
             return []
-        piece = Piece(self.prefix + self.body, self.gap, self.first_table)
+        piece = Piece(self.prefix + self.body, self.gap, self.first_table, line=self._body_line,
+                      prefix_lines=self.prefix.count("\n"))
+        self._body_line += self.body.count("\n")
         self.prefix, self.body, self._scanned, self._cut = "", "", 0, None
         return [piece]
 
     @property
     def live(self) -> Piece:
-        return Piece(self.prefix + self.body, self.gap, self.first_table)
+        return Piece(self.prefix + self.body, self.gap, self.first_table, line=self._body_line,
+                     prefix_lines=self.prefix.count("\n"))
 
     def _line(self, start: int, line: str) -> None:
         """Decide whether the body may be cut just before this line, then update the scanner's state with it."""
@@ -163,7 +170,9 @@ class Sealer:
 
     def _seal(self, at: int, kind: str) -> Piece:
         head, rest = self.body[:at], self.body[at:]
-        piece = Piece(self.prefix + head.rstrip("\n") + "\n", self.gap, self.first_table)
+        piece = Piece(self.prefix + head.rstrip("\n") + "\n", self.gap, self.first_table, line=self._body_line,
+                      prefix_lines=self.prefix.count("\n"))
+        self._body_line += head.count("\n")
         prefix, first_table = "", None
         if kind == "code":
             assert self._fence is not None

@@ -8,6 +8,10 @@ lists, which draws the same lines without loading Markdown), so there is no seam
 
 The same pieces serve history: an answer read from the log is cut the same way, so a long one can be shown from its
 tail (`hidden`) and grow upwards as the user scrolls.
+
+A finished answer holding fenced code is a Tab stop: focused, one code block is marked (a bar on its left), Tab /
+Shift+Tab move between its blocks (then on to the next widget), and `c` or `y` asks the screen to copy that block whole
+(`CopyRequested`; see `answer_code`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from bisect import bisect_right
 
 from rich.cells import cell_len
 from rich.console import ConsoleRenderable
-from textual.geometry import Size
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
+from .answer_code import CodeBlock, block_of, code_blocks, code_line, marked, may_hold_code
 from .answer_pieces import Piece, Sealer, code_lines
 from .answer_prose import PlainMarkdown, plain_blocks
 
@@ -35,7 +43,24 @@ class AssistantText(Widget):
     of them never on screen (P6, the code shape).
     """
 
-    DEFAULT_CSS = "AssistantText { height: auto; width: 1fr; padding: 0 1; }"
+    DEFAULT_CSS = """
+    AssistantText { height: auto; width: 1fr; padding: 0 1; }
+    AssistantText > .answer-text--code-focus { color: $accent; text-style: bold; }
+    """
+    COMPONENT_CLASSES = {"answer-text--code-focus"}
+    BINDINGS = [
+        Binding("c,y", "copy_block", "Copy code block"),
+        Binding("tab", "next_block(1)", "Next block", show=False),
+        Binding("shift+tab", "next_block(-1)", "Previous block", show=False),
+    ]
+
+    class CopyRequested(Message):
+        """Copy `text` to the clipboard (the screen does it, and says so); `what` names it in the notice."""
+
+        def __init__(self, text: str, what: str) -> None:
+            super().__init__()
+            self.text = text
+            self.what = what
 
     def __init__(self, text: str = "") -> None:
         super().__init__()
@@ -51,10 +76,14 @@ class AssistantText(Widget):
         self._live_lines: list[Strip] = []
         self._live_stale = True
         self._style: object = None  # the widget style the lines were rendered with
+        self.can_focus = False  # a Tab stop once finished with a code block in it
+        self.code_at = 0  # the focused code block (an index into `code_blocks`)
+        self._blocks: list[CodeBlock] | None = None  # parsed when first focused or copied from
         if text:
             self.pieces = self._sealer.feed(text) + self._sealer.finish()
             self._live = None
             self.finished = True
+            self.can_focus = may_hold_code(text)
 
     @property
     def source(self) -> str:
@@ -156,7 +185,11 @@ class AssistantText(Widget):
                     return Strip.blank(0)
                 offset -= 1
             lines = self._lines_of(index)
-            return lines[offset] if offset < len(lines) else Strip.blank(0)
+            if offset >= len(lines):
+                return Strip.blank(0)
+            if self.has_focus and self._focused_line(self._drawn[index].piece, lines[offset]):
+                return marked(lines[offset], self.get_component_rich_style("answer-text--code-focus"))
+            return lines[offset]
         y -= self._sealed_height
         return self._live_lines[y] if y < len(self._live_lines) else Strip.blank(0)
 
@@ -173,6 +206,8 @@ class AssistantText(Widget):
         self._add(pieces + self._sealer.finish())
         self._live = None
         self.finished = True
+        self._blocks = None
+        self.can_focus = may_hold_code(self.source)
         self._changed()
 
     def _add(self, pieces: list[Piece]) -> None:
@@ -199,6 +234,7 @@ class AssistantText(Widget):
             lines += self.pieces[index].estimated_lines()
         self.hidden = index
         self._width = 0
+        self._blocks = None
         return lines
 
     async def reveal_older(self, lines: int) -> bool:
@@ -210,6 +246,10 @@ class AssistantText(Widget):
             index -= 1
             shown += self.pieces[index].estimated_lines()
         revealed, self.hidden = self.pieces[index:self.hidden], index
+        if self._blocks is not None:  # blocks revealed above: the focused one keeps its place
+            before, self._blocks = len(self._blocks), None
+            self.code_at += len(self.code_blocks) - before
+        self.can_focus = self.finished and may_hold_code(self.source)
         if self._width:  # render only the pieces now shown; the old first piece gets its gap line back
             width = self._width
             if self._drawn and self.pieces[self.hidden + len(revealed)].gap:
@@ -221,6 +261,66 @@ class AssistantText(Widget):
 
     def estimated_lines(self) -> int:
         return sum(p.estimated_lines() for p in self.shown_pieces) + 1
+
+    # -- code blocks: focus and copy ---------------------------------------------------------------------------------
+
+    @property
+    def code_blocks(self) -> list[CodeBlock]:
+        """The answer's fenced code blocks that are shown (one continued from hidden pieces counts)."""
+        if self._blocks is None:
+            shown = self.shown_pieces
+            first = shown[0].line - shown[0].prefix_lines if shown else 0
+            self._blocks = [b for b in code_blocks(self.source) if b.end > first] if self.finished else []
+        return self._blocks
+
+    def _focused_line(self, piece: Piece, line: Strip) -> bool:
+        blocks = self.code_blocks
+        at = code_line(line, piece)
+        return at is not None and self.code_at < len(blocks) and block_of(blocks, at) == self.code_at
+
+    def _on_focus(self, event: events.Focus) -> None:
+        super()._on_focus(event)
+        if not self.code_blocks:  # what looked like a fence was none, or its block is not shown yet: no Tab stop
+            self.can_focus = False
+            self.call_after_refresh(self.screen.focus_next)
+            return
+        self.code_at = min(self.code_at, len(self.code_blocks) - 1)
+        self.refresh()
+        self.call_after_refresh(self._show_block)
+
+    def _on_blur(self, event: events.Blur) -> None:
+        super()._on_blur(event)
+        self.refresh()
+
+    def action_next_block(self, step: int) -> None:
+        """Tab / Shift+Tab: the next (previous) code block of this answer, then on to the next (previous) widget."""
+        at = self.code_at + step
+        if 0 <= at < len(self.code_blocks):
+            self.code_at = at
+            self.refresh()
+            self._show_block()
+        elif step > 0:
+            self.screen.focus_next()
+        else:
+            self.screen.focus_previous()
+
+    def action_copy_block(self) -> None:
+        blocks = self.code_blocks
+        if self.code_at < len(blocks):
+            self.post_message(self.CopyRequested(blocks[self.code_at].text, "the code block"))
+
+    def _show_block(self) -> None:
+        """Scroll the focused block into view: its first lines, in the piece its opening fence is in."""
+        blocks, parent = self.code_blocks, self.parent
+        if not (self.code_at < len(blocks) and self._drawn and isinstance(parent, Widget)):
+            return
+        start = blocks[self.code_at].start
+        index = max((i for i, d in enumerate(self._drawn) if d.piece.line <= start), default=0)
+        drawn = self._drawn[index]
+        focused = [n for n, line in enumerate(self._lines_of(index)) if self._focused_line(drawn.piece, line)]
+        y = self._starts[index] + drawn.gap + (focused[0] if focused else 0)
+        top = self.virtual_region.y + self.styles.padding.top
+        parent.scroll_to_region(Region(0, top + y, 1, max(1, min(len(focused), parent.size.height))), animate=False)
 
 
 class _Drawn:

@@ -52,7 +52,8 @@ SAFETY_CLASSES = ("read_only", "idempotent", "side_effecting")
 # the built-in tools' classes (app/tools/registry.py; tests/test_card_safety.py keeps the two equal): a card drawn from
 # history before the registry is imported still shows them
 BUILTIN_SAFETY = {"list_dir": "read_only", "read_file": "read_only", "search_text": "read_only",
-                  "write_file": "idempotent", "edit_file": "side_effecting", "run_command": "side_effecting"}
+                  "find_files": "read_only", "write_file": "idempotent", "edit_file": "side_effecting",
+                  "run_command": "side_effecting"}
 UNKNOWN_SAFETY = "safety unknown"
 
 

@@ -22,13 +22,22 @@ KEYS = (
     ("queued", "Enter / Ctrl+R / Esc", "after ↑ brought a queued prompt back: put it back in its place / remove it / "
                                        "leave it as it was (the queue waits meanwhile)"),
     ("chat", "/", "slash commands, with completion (Tab completes)"),
+    ("chat", "@path + Tab", "attach a workspace file: Tab completes the path (.gitignore respected); its content goes "
+                            "with the prompt"),
+    ("chat", "!command", "run a shell command yourself, in the workspace; its output is shown and goes to the model "
+                         "with your next prompt"),
     ("chat", "Esc", "cancel the running turn (it still ends with real step/end + turn/end)"),
     ("chat", "Esc Esc", "on an empty prompt between turns: rewind (the same as /rewind)"),
     ("chat", "PageUp / PageDown", "scroll the transcript (Home / End from an empty prompt: top / bottom)"),
     ("chat", "Ctrl+T", "open or fold the latest reasoning block"),
-    ("chat", "Tab / Shift+Tab", "move between the prompt, tool cards, reasoning blocks and compaction lines"),
+    ("chat", "Tab / Shift+Tab", "move between the prompt, tool cards, reasoning blocks, compaction lines and "
+                                "the code blocks of answers"),
     ("chat", "Enter / Space", "on a tool card: expand or collapse its output; on a reasoning block or a compaction "
                               "line: open or fold it"),
+    ("chat", "Ctrl+G", "copy the last answer to the clipboard (OSC 52: over ssh too; in tmux with set-clipboard "
+                       "on); /copy does the same"),
+    ("chat", "c / y", "on an answer's code block (Tab to it; Tab / Shift+Tab move between its blocks): copy that "
+                      "block whole"),
     ("chat", "Ctrl+O", "sessions (asks first if a turn is running)"),
     ("chat", "Ctrl+P", "command palette: the slash commands, themes (the theme you pick is kept)"),
     ("chat", "F1 / ?", "this help (? in an empty prompt)"),

@@ -13,11 +13,12 @@ from .base import Tool
 from .command import RUN_COMMAND
 from .file_writes import EDIT_FILE, WRITE_FILE
 from .files import LIST_DIR, READ_FILE, SEARCH_TEXT
+from .find_files import FIND_FILES
 
 
 def builtin_tools() -> list[Tool]:
-    """The six tools of SPEC §8, in the order the model is shown them."""
-    return [LIST_DIR, READ_FILE, SEARCH_TEXT, WRITE_FILE, EDIT_FILE, RUN_COMMAND]
+    """The seven tools of SPEC §8, in the order the model is shown them."""
+    return [LIST_DIR, READ_FILE, SEARCH_TEXT, FIND_FILES, WRITE_FILE, EDIT_FILE, RUN_COMMAND]
 
 
 def builtin_safety(name: str) -> str | None:
