@@ -11,8 +11,12 @@ from cairn.persistence.events import (
     AssistantChunk,
     AssistantMessage,
     ContextCompaction,
+    ContextEnvironment,
+    ContextInstructions,
     ConversationRewind,
     IgnorableEvent,
+    OperatorCommand,
+    OperatorResult,
     ReasoningChunk,
     RecoveryEvidence,
     RecoveryVerdict,
@@ -25,6 +29,7 @@ from cairn.persistence.events import (
     UserMessage,
     usage_totals,
 )
+from cairn.widgets.attachment_line import attachments_line
 from cairn.widgets.terminal_text import summarize_arguments  # noqa: F401  (re-exported for the headless faces)
 
 STATUS_WORDS = {
@@ -119,12 +124,15 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
     names: dict[str, str] = {}
     evidence = {e.call_id: e for e in events if isinstance(e, RecoveryEvidence)}
     superseded = superseded_verdicts(events)
+    ran = {e.turn for e in events if isinstance(e, OperatorResult)}  # operator commands with an outcome
     for i, e in enumerate(events):
         mark = "  [repair]" if repair_from is not None and i >= repair_from else ""
         if isinstance(e, TurnStart):
             out.append(f"── turn {e.turn} ──")
         elif isinstance(e, UserMessage):
             out.append(f"> {e.text}")
+            if e.attachments:  # `@path` files sent with the prompt: named, never printed (their text is in the log)
+                out.append(f"  {attachments_line(e.attachments)}")
         elif isinstance(e, AssistantMessage):
             flag = " (interrupted)" if e.interrupted else ""
             if e.reasoning:
@@ -166,6 +174,12 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
         elif isinstance(e, ContextCompaction):
             carried = f"; {len(e.carried)} recovery fact(s) carried verbatim" if e.carried else ""
             out.append(f"  ⋯ context compacted: events through seq {e.through_seq} summarised{carried}")
+        elif isinstance(e, (ContextInstructions, ContextEnvironment)):  # what the system prompt told from here on
+            from .agent.project_context import context_line
+
+            out.append(f"  ≡ {context_line(e)}")
+        elif isinstance(e, (OperatorCommand, OperatorResult)):
+            out.append(operator_line(e, e.turn in ran))
         elif isinstance(e, ConversationRewind):
             restored = f"; files restored: {', '.join(e.files)}" if e.files else ""
             out.append(f"  ⟲ rewound: the conversation continues from before turn {e.to_turn}{restored}")
@@ -183,6 +197,16 @@ def render_session(events: list[AnyEvent], repair_from: int | None = None) -> st
         totals = format_usage(usage_totals(events, USAGE_FIELDS))
         out.append(f"── session tokens: {totals} over {answers} answer{'s' if answers != 1 else ''} ──")
     return "\n".join(out)
+
+
+def operator_line(event: OperatorCommand | OperatorResult, answered: bool = True) -> str:
+    """How the operator's own `!command` and its result read in `cairn show` (a command without a result: Cairn
+    stopped while it ran)."""
+    if isinstance(event, OperatorCommand):
+        unknown = "" if answered else "  — outcome unknown (Cairn stopped while it ran)"
+        return f"  ! {event.command}  (the operator's shell command){unknown}"
+    status = f"exit code {event.exit_code}" if event.exit_code is not None else "did not finish"
+    return f"  ⇐ {status} — {first_line(event.output)}"
 
 
 def _dangling_chunks(events: list[AnyEvent], kind: type[AssistantChunk | ReasoningChunk]) -> str:

@@ -26,7 +26,9 @@ COMMANDS = (
     SlashCommand("verdict", "/verdict", "record what happened to an OUTCOME_UNKNOWN call"),
     SlashCommand("rewind", "/rewind", "undo turns: restore files Cairn's tools changed, the conversation, or both (Esc Esc)"),
     SlashCommand("mcp", "/mcp", "MCP servers of this session: state, tools, why one failed"),
+    SlashCommand("instructions", "/instructions", "the project instructions (AGENTS.md …) the model is told"),
     SlashCommand("compact", "/compact", "summarise the conversation before the next request (recovery facts kept)"),
+    SlashCommand("copy", "/copy", "copy the last answer to the clipboard (OSC 52; the same as Ctrl+G)"),
     SlashCommand("quit", "/quit", "quit in order (the running turn is cancelled and closed)"),
 )
 

@@ -26,6 +26,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
+from cairn.widgets.attachment_line import attachments_line
 from cairn.widgets.terminal_text import safe_text
 from cairn.persistence.events import (
     MAX_TOKENS,
@@ -34,7 +35,10 @@ from cairn.persistence.events import (
     AssistantChunk,
     AssistantMessage,
     ContextCompaction,
+    ContextInstructions,
     ConversationRewind,
+    OperatorCommand,
+    OperatorResult,
     ReasoningChunk,
     RecoveryVerdict,
     ToolCall,
@@ -46,6 +50,7 @@ from cairn.persistence.events import (
 
 from .answer_text import AssistantText
 from .reasoning import ReasoningBlock
+from .operator_card import OperatorCard
 from .tool_card import ToolCard
 
 __all__ = ["AssistantText", "Notice", "Transcript", "UserPrompt", "turn_notice"]
@@ -121,9 +126,11 @@ def estimated_event_lines(event: AnyEvent) -> int:
     """A cheap guess of the lines an event adds to the transcript, before any widget exists (how many turns of
     history to build at open)."""
     if isinstance(event, UserMessage):
-        return 2 + event.text.count("\n")
+        return 2 + event.text.count("\n") + bool(event.attachments)
     if isinstance(event, AssistantMessage):
         return 2 + event.text.count("\n") + 4 * len(event.tool_calls)
+    if isinstance(event, OperatorCommand):
+        return 4
     if isinstance(event, (RecoveryVerdict, ContextCompaction, ConversationRewind)):
         return 2
     if isinstance(event, ToolCall) and event.parent_call_id is not None:
@@ -165,6 +172,7 @@ class Transcript(VerticalScroll):
         self._verdicts: dict[str, tuple[int, VerdictNotice]] = {}
         self._safety_seen: dict[str, str] = {}  # tool name -> the safety its latest applied tool/call recorded
         self._history: list[AnyEvent] = []  # the events history was loaded from (looked up for a call's safety)
+        self._operators: dict[int, OperatorCard] = {}  # turn -> the card of its `!command` while it has no result
 
     def on_mount(self) -> None:
         self.anchor()
@@ -352,7 +360,9 @@ class Transcript(VerticalScroll):
 
     async def apply(self, event: AnyEvent, live: bool = True, scroll: bool = True) -> None:
         if isinstance(event, UserMessage):
-            await self._put(UserPrompt(f"> {safe_text(event.text)}", markup=False))
+            attached = attachments_line(event.attachments)  # the `@path` files sent with it, one line under it
+            shown = f"> {event.text}" + (f"\n  {attached}" if attached else "")
+            await self._put(UserPrompt(safe_text(shown), markup=False))
         elif isinstance(event, AssistantChunk):
             if live:
                 await self._write_delta(event.delta)
@@ -393,12 +403,21 @@ class Transcript(VerticalScroll):
                     newest[1].supersede()
                 self._verdicts[event.call_id] = (event.seq, notice)
             await self._put(notice)
+        elif isinstance(event, OperatorCommand):  # the operator's own `!command` (a turn of its own)
+            self._operators[event.turn] = OperatorCard(event.turn, event.command)
+            await self._put(self._operators[event.turn])
+        elif isinstance(event, OperatorResult) and event.turn in self._operators:
+            self._operators.pop(event.turn).set_result(event.exit_code, event.output)
         elif isinstance(event, TurnEnd):
+            if event.turn in self._operators:  # no result: Cairn stopped while it ran
+                self._operators.pop(event.turn).set_unknown()
             await self._finish_answer(None)
             if event.reason != "completed":
                 await self._put(turn_notice(event))
         elif isinstance(event, ContextCompaction):
             await self._put(compaction_block(event))
+        elif isinstance(event, ContextInstructions):  # (the environment lines are not shown: `cairn show` has them)
+            await self._put(Notice(safe_text(instructions_line(event)), markup=False))
         elif isinstance(event, ConversationRewind):  # the log keeps the turns above; the model no longer sees them
             await self._put(Notice(f"⟲ rewound: the conversation continues from before turn {event.to_turn} — the "
                                    f"model no longer sees turn {event.to_turn} or later (they stay in the log above)",
@@ -464,6 +483,13 @@ def turn_notice(event: TurnEnd) -> Notice:
     notice = Notice(safe_text(f"turn {event.turn} {event.reason}{detail}"), markup=False)
     notice.add_class("-error" if event.reason == "error" else "-warning")
     return notice
+
+
+def instructions_line(event: ContextInstructions) -> str:
+    """`instructions: AGENTS.md, sub/AGENTS.md (cut)` — what the system prompt tells from this turn on."""
+    names = [f.path + (" (not read)" if f.error else " (cut)" if f.truncated else "") for f in event.files]
+    return "≡ instructions: " + (", ".join(names) or "none") + (f" — {len(event.notices)} notice(s), see /instructions"
+                                                             if event.notices else "")
 
 
 def compaction_block(event: ContextCompaction) -> Widget:

@@ -62,7 +62,10 @@ from .approval import ApprovalAnswer, ApprovalRequest, Approver, Grants, as_answ
 from .evidence import Evidence
 from .exchange import ModelExchange, Streamed
 from .hooks import Hooks, StepContext, ToolOutcome, ToolRunContext, TurnContext, nothing
+from .mentions import attach_mentions
 from .notices import OnNotice, TurnFinished, TurnResult, tell
+from .operator_command import OperatorCommandRequest, TurnInput, run_operator_turn
+from .project_context import ProjectContext, context_wanted
 from .tool_calls import bad_arguments
 from .turn_state import CallState, TurnFailure, TurnState
 from .transcript import Transcript
@@ -110,6 +113,7 @@ class AgentLoop:
         text_form: bool = False,
         evidence: Evidence | None = None,
         report: Callable[[str], None] | None = None,
+        project_context: bool | None = None,
     ) -> None:
         self.session = session
         self.tools = tools
@@ -131,12 +135,17 @@ class AgentLoop:
         # and context window, and each queued turn's result
         self.notices: list[OnNotice] = self.exchange.notices
         self.report = report or log.warning  # one line for the operator (stderr headless, a notice in the TUI)
+        # the instructions and environment recorded for the system prompt at each turn's start (None: not read);
+        # faces pass the configured setting, a loop built directly follows CAIRN_PROJECT_CONTEXT
+        wanted = context_wanted() if project_context is None else project_context
+        tell = lambda line: self.report(line)  # noqa: E731 (read when told: a face may set `report` later)
+        self.project_context = ProjectContext(session, self.workspace, tell) if wanted else None
         self.transcript.extend(session.events)
         self._unsubscribe = session.subscribe(self.transcript.add)
         self._next_turn = 1 + max((e.turn for e in session.events if isinstance(e, TurnStart)), default=0)
         self._scope: anyio.CancelScope | None = None
         self._turn_lock = anyio.Lock()
-        self._queue: list[str] = []
+        self._queue: list[TurnInput] = []  # prompts, and the operator's `!command`s (operator_command.py)
         self._queue_wake = anyio.Event()
         self._tasks: anyio.abc.TaskGroup | None = None
         self._idle = anyio.Event()
@@ -178,9 +187,9 @@ class AgentLoop:
 
     @property
     def queued(self) -> list[str]:
-        return list(self._queue)
+        return [str(item) for item in self._queue]
 
-    async def run_turn(self, prompt: str) -> TurnResult:
+    async def run_turn(self, prompt: TurnInput) -> TurnResult:
         """Run one turn to its end (after any turn already running). Cancel it with `cancel()`."""
         self._mark_busy()
         try:
@@ -189,7 +198,7 @@ class AgentLoop:
         finally:
             self._mark_idle_if_done()
 
-    def submit(self, prompt: str) -> None:
+    def submit(self, prompt: TurnInput) -> None:
         """Queue a prompt; the loop's own task runs queued prompts one turn at a time (needs `async with loop`)."""
         self._queue.append(prompt)
         self._mark_busy()
@@ -263,7 +272,7 @@ class AgentLoop:
         self._rewinds_seen = len(events)
         return next(reversed(self._open_rewinds.values()), None)
 
-    async def _turn(self, prompt: str) -> TurnResult:
+    async def _turn(self, prompt: TurnInput) -> TurnResult:
         pending = self.pending_rewind()
         if pending is not None:  # refused before anything is appended: the turn never starts
             what = "an undo of a rewind" if pending.undo_of else f"a rewind to before turn {pending.to_turn}"
@@ -276,7 +285,10 @@ class AgentLoop:
         with anyio.CancelScope() as scope:
             self._scope = scope
             try:
-                await self._turn_body(st, prompt)
+                if isinstance(prompt, OperatorCommandRequest):  # the operator's own shell command: a turn of its own
+                    await run_operator_turn(self.session, self.evidence, self.workspace, st, prompt)
+                else:
+                    await self._turn_body(st, prompt)
             except CheckpointFailed as e:
                 st.error = TurnError("CHECKPOINT_FAILED", str(e))
             except ProviderError as e:
@@ -296,9 +308,14 @@ class AgentLoop:
         return TurnResult(st.turn, reason, st.error if reason == "error" else None, st.last_text)
 
     async def _turn_body(self, st: TurnState, prompt: str) -> None:
+        attached = await attach_mentions(self.workspace, prompt)  # `@path` files, read before the turn's first event
+        for line in attached.notices:
+            self.report(line)
         append = self.session.append
         append(TurnStart(turn=st.turn))
         await self.evidence.turn_started(st.turn)
+        if self.project_context is not None:
+            await self.project_context.turn_started(st.turn)
         step = 0
         while True:
             step += 1
@@ -307,7 +324,7 @@ class AgentLoop:
             st.step, st.calls, st.streamed = step, [], Streamed()
             append(StepStart(turn=st.turn, step=step))
             if step == 1:
-                append(UserMessage(turn=st.turn, step=step, text=prompt))
+                append(UserMessage(turn=st.turn, step=step, text=prompt, attachments=attached.attachments))
             await self.hooks.run("before_step", StepContext(self.session, st.turn, step), nothing)
             answer = await self.exchange.answer(st.turn, step, st.streamed)
             st.last_text = answer.text

@@ -2,7 +2,8 @@
 
 Fed every event once as it is appended (or loaded), so building a request is O(new events), never O(session).
 What the model sees: user prompts, finished (or interrupted) assistant messages with their tool calls, the result of
-every top-level call (repair's synthetic results included), and operator verdicts on OUTCOME_UNKNOWN calls.
+every top-level call (repair's synthetic results included), operator verdicts on OUTCOME_UNKNOWN calls, and the
+operator's own `!command`s with their output (operator_command.py).
 
 The log keeps exactly what happened; this conversation is normalised so that the strictest servers accept it
 (SPEC §7 "A session is always continuable"):
@@ -41,6 +42,8 @@ from cairn.persistence.events import (
     AssistantMessage,
     ContextCompaction,
     ConversationRewind,
+    OperatorCommand,
+    OperatorResult,
     RecoveryEvidence,
     RecoveryVerdict,
     RewindEnd,
@@ -54,6 +57,8 @@ from cairn.persistence.events import (
     TurnStart,
     UserMessage,
 )
+
+from .mentions import user_content
 
 VERDICT_WORDS = {
     "happened": "it DID take effect",
@@ -111,6 +116,8 @@ class Transcript:
         self._verdict_at: dict[str, tuple[dict[str, Any], list[str], int]] = {}
         # the compaction whose summary is the first user content, and where it sits, while it carries verdicts
         self._summary: tuple[ContextCompaction, dict[str, Any], list[str], int] | None = None
+        # the latest operator command's paragraph (outcome unknown until its result replaces it) and where it sits
+        self._operator_at: tuple[OperatorCommand, dict[str, Any], list[str], int] | None = None
 
     def add(self, event: AnyEvent) -> None:
         if isinstance(event, ToolResult):
@@ -119,8 +126,8 @@ class Transcript:
             self._add_call(event)
         elif isinstance(event, AssistantMessage):
             self._add_answer(event)
-        elif isinstance(event, UserMessage):
-            self._add_user(event.text)
+        elif isinstance(event, UserMessage):  # the prompt, then its `@path` files (mentions.user_content)
+            self._add_user(user_content(event.text, event.attachments))
         elif isinstance(event, RecoveryVerdict):
             self._add_verdict(event)
         elif isinstance(event, RecoveryEvidence):
@@ -141,6 +148,8 @@ class Transcript:
             self._close_answer()
         elif isinstance(event, ContextCompaction):
             self._compact(event)
+        elif isinstance(event, (OperatorCommand, OperatorResult)):
+            self._add_operator(event)
 
     def extend(self, events: list[AnyEvent]) -> None:
         for event in events:
@@ -202,6 +211,21 @@ class Transcript:
                            for f in files)
         self._add_user(f"[Cairn] The operator rewound files to how they were before turn {plan.to_turn}: {listed}. "
                        "Changes made to them from that turn on are undone; read them again before relying on them.")
+
+    def _add_operator(self, event: OperatorCommand | OperatorResult) -> None:
+        """The operator's `!command` as user content: said at once with its outcome unknown (a crash may follow),
+        then said again in place with its result."""
+        from .operator_text import operator_text
+
+        if isinstance(event, OperatorCommand):
+            self._add_user(operator_text(event, None))
+            parts = self._user_parts or []
+            self._operator_at = (event, self.messages[-1], parts, len(parts) - 1)
+        elif self._operator_at is not None and self._operator_at[0].turn == event.turn:
+            command, message, parts, index = self._operator_at
+            parts[index] = operator_text(command, event)
+            self._set_user_content(message, parts)
+            self._operator_at = None
 
     def _add_verdict(self, event: RecoveryVerdict) -> None:
         """The current verdict on a call: an earlier one's paragraph (or the verdict a compaction carried) is taken

@@ -22,6 +22,8 @@ from cairn.persistence.events import (
     AssistantMessage,
     ContextCompaction,
     ConversationRewind,
+    OperatorCommand,
+    OperatorResult,
     RecoveryEvidence,
     RecoveryVerdict,
     ToolCall,
@@ -33,6 +35,7 @@ from cairn.persistence.events import (
     WorkspaceSnapshot,
     encode_event,
 )
+from cairn.widgets.attachment_line import attachments_line
 from cairn.widgets.terminal_text import safe_json, safe_text
 
 from ..exit_codes import EXIT_LOCKED, EXIT_OK, exit_code_for, fail
@@ -146,6 +149,8 @@ def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> 
             lines += ["", f"## Turn {e.turn}"]
         elif isinstance(e, UserMessage):
             lines += ["", *(f"> {line}" for line in e.text.splitlines() or [""])]
+            if e.attachments:
+                lines.append(f"> _{attachments_line(e.attachments)}_")
         elif isinstance(e, AssistantMessage) and (e.text or e.interrupted):
             lines += ["", e.text.rstrip() or "_(interrupted before any text)_"]
             if e.interrupted and e.text:
@@ -172,6 +177,13 @@ def markdown(session_id: str, cwd: str, events: list[AnyEvent], stored: int) -> 
         elif isinstance(e, ConversationRewind):
             restored = f"; files restored: {', '.join(e.files)}" if e.files else ""
             lines += ["", f"_Rewound here: the conversation continues from before turn {e.to_turn}{restored}._"]
+        elif isinstance(e, OperatorCommand):  # the operator's own `!command`, and how it ended
+            unknown = "" if any(isinstance(r, OperatorResult) and r.turn == e.turn for r in events[i:]) else (
+                " → outcome unknown (Cairn stopped while it ran) **(recovered after a crash)**")
+            lines += ["", f"**Operator command** `!{e.command}`{unknown}"]
+        elif isinstance(e, OperatorResult):
+            status = f"exit code {e.exit_code}" if e.exit_code is not None else "did not finish"
+            lines += [f"→ {status}", fence(e.output, "text")]
         elif isinstance(e, ContextCompaction):
             lines += ["", f"_Context compacted here (events through seq {e.through_seq} summarised)._"]
         elif isinstance(e, TurnEnd) and e.reason != "completed":

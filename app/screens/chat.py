@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from textual import events, getters, on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
@@ -44,7 +45,7 @@ from cairn.widgets.prompt_input import PromptInput
 from cairn.widgets.quiet_footer import QuietFooter
 from cairn.widgets.status_bar import StatusBar, TokenTotals, format_tokens
 from cairn.widgets.terminal_text import safe_text
-from cairn.widgets.transcript import Notice, Transcript
+from cairn.widgets.transcript import AssistantText, Notice, Transcript
 
 from .. import quiet_gc, slash_commands
 from ..agent.notices import Compacting, TurnFinished, TurnResult, Waiting
@@ -56,8 +57,9 @@ from ..providers.base import limits_of
 from . import chat_commands
 from .agent_lifetime import AgentLifetime
 from .call_review import CallReview
+from .mention_completion import MentionCompletion
 from .modal_approver import ModalApprover
-from .prompt_queue import PromptQueue
+from .prompt_queue import PromptQueue, is_command
 from .rewind_flow import RewindFlow
 from .typeahead import Dialog, KeyRouter
 
@@ -100,6 +102,7 @@ class ChatScreen(Screen[None]):
         Binding("f1", "help", "Help"),
         Binding("ctrl+t", "toggle_thinking", "Thinking"),
         Binding("ctrl+o", "sessions", "Sessions"),
+        Binding("ctrl+g", "copy_answer", "Copy answer", show=False),  # (OSC 52: copy.py)
         Binding("ctrl+q", "app.quit", "Quit", priority=True),
         Binding("pageup", "scroll_transcript('page_up')", "Scroll", show=False, priority=True),
         Binding("pagedown", "scroll_transcript('page_down')", "Scroll", show=False, priority=True),
@@ -126,6 +129,7 @@ class ChatScreen(Screen[None]):
                                         editing=self._editing_queued)
         self.rewind_flow = RewindFlow(self)
         self.call_review = CallReview(self)
+        self.mentions = MentionCompletion(lambda: self.agent.loop.workspace if self.agent else Path(config.workspace))
         self._resumed_once = False
         self._compacting = False  # a summary request runs (context compaction): the status bar says so
         self._waited: float | None = None
@@ -246,6 +250,7 @@ class ChatScreen(Screen[None]):
             agent.mcp.on_change.append(self.refresh_activity)
             self.refresh_activity()
         agent.loop.notices.append(self._on_notice)
+        agent.loop.report = self.tell  # the loop's lines (a refused mention, a cut AGENTS.md) are not failures
 
     def first_frame_drawn(self) -> None:
         self.agent_lifetime.first_frame_drawn()
@@ -374,6 +379,11 @@ class ChatScreen(Screen[None]):
         self._toast(safe_text(text), severity="error", timeout=8)
         self.status_bar.failed = True
 
+    def tell(self, text: str) -> None:
+        """The loop's one-line notices to the operator: a warning, not a failure (the status bar stays as it is)."""
+        if self.is_attached:
+            self._toast(safe_text(text), severity="warning", timeout=8)
+
     def _on_notice(self, notice: LoopNotice) -> None:
         """What the loop tells besides the session's events (in the loop's task)."""
         if isinstance(notice, TurnFinished):
@@ -403,9 +413,12 @@ class ChatScreen(Screen[None]):
         """The status bar's activity and grants, and the queue above the prompt."""
         if not self.is_attached:  # a turn's result can arrive while the exiting app takes the screen apart
             return
+        try:
+            status = self.status_bar
+        except NoMatches:  # attached, but its children already removed by the exiting app
+            return
         loop = self.agent.loop if self.agent else None
         queued = self.prompt_queue
-        status = self.status_bar
         doing = "● compacting…" if self._compacting else ("● sending…" if queued.sending else "● running")
         running = self.turn_running or queued.sending
         if self._waited is not None and running:
@@ -463,7 +476,7 @@ class ChatScreen(Screen[None]):
             return
         text = message.text[1:] if message.text.startswith("//") else message.text
         self.history.add(text)
-        if self.prompt_queue.empty:
+        if self.prompt_queue.empty and not is_command(text):  # (`!cmd`: the operator's shell command, no request)
             self.prompt_queue.sending = True  # said at once, before the request leaves (cleared when the answer starts)
             self.refresh_activity()
         await self.agent_lifetime.wanted()
@@ -495,6 +508,9 @@ class ChatScreen(Screen[None]):
     def _show_completions(self, text: str) -> None:
         """The completion popup: the commands matching a `/word` being typed; Tab takes the first."""
         popup = self.slash_popup
+        again = lambda: self._show_completions(self.prompt_input.text)  # noqa: E731  (the file list arrived)
+        if self.mentions.show(text, popup, self.prompt_input, again):
+            return  # an `@path` at the cursor: the workspace's files instead (mention_completion.py)
         found = slash_commands.matches(text)
         if found or popup.option_count:  # (typing plain text: nothing to rebuild, key after key)
             popup.clear_options()
@@ -536,6 +552,17 @@ class ChatScreen(Screen[None]):
 
     def action_sessions(self) -> None:
         self.app.action_open_sessions()  # type: ignore[attr-defined]
+
+    def action_copy_answer(self) -> None:
+        from .copy import copy_last_answer
+
+        self.run_worker(copy_last_answer(self.app, self.session.events), exit_on_error=False)
+
+    @on(AssistantText.CopyRequested)
+    def copy_block(self, message: AssistantText.CopyRequested) -> None:
+        from .copy import copy_text
+
+        self.run_worker(copy_text(self.app, message.text, message.what), exit_on_error=False)
 
     # -- ordered shutdown -------------------------------------------------------------------------------------------
 

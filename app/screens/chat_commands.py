@@ -95,6 +95,11 @@ async def run_slash(chat: CommandHost, name: str, argument: str) -> None:
             loop.compact_next = True
             await say("The conversation will be compacted before the next request: earlier turns become a "
                       "summary, and calls whose outcome is unknown are kept verbatim.")
+    elif name == "instructions":
+        from ..agent.project_context import instructions_report
+
+        await say(instructions_report(chat.session.events, chat.config.workspace,
+                                      None if loop is None else loop.project_context is not None))
     elif name == "usage":
         from cairn.widgets.status_bar import usage_text
 
@@ -103,6 +108,10 @@ async def run_slash(chat: CommandHost, name: str, argument: str) -> None:
         await chat.rewind_flow.open()
     elif name == "verdict":
         await chat.call_review.waiting_for_verdict()
+    elif name == "copy":
+        from .copy import copy_last_answer
+
+        await copy_last_answer(chat.app, chat.session.events)
     else:
         known = ", ".join(c.usage.split()[0] for c in slash_commands.COMMANDS)
         await say(f"Unknown command /{name}. Commands: {known}. (Start with // to send a / to the model.)", "-warning")
