@@ -24,6 +24,7 @@ from .agent.evidence import Evidence
 from .agent.hooks import Hooks
 from .agent.loop import AgentLoop, TurnResult
 from .agent.policy import CheckpointPolicy
+from .agent.project_context import context_wanted
 from .config.provider import database_secrets, make_provider, provider_secrets
 from .config.resolver import Config
 from .config.resumed import RESUMED_WORKSPACE, config_for_session, resumed_workspace
@@ -139,7 +140,9 @@ async def mount_agent(
         context_window=config.context_window or configured_window(),
         profile=config.profile,
         text_form=config.transcript == "text",
-        project_context=config.project_context == "on",
+        # this process's own CAIRN_PROJECT_CONTEXT=off holds too when the config was resolved from another environment
+        # (an embedder's, a test's)
+        project_context=config.project_context == "on" and context_wanted(),
         evidence=Evidence(session, config.workspace, blobs=before_images(stack, config), report=report,
                           snapshots=workspace_snapshots(config, report, session_id=session.id,
                                                         holds_secret=session.holds_secret)),

@@ -188,6 +188,7 @@ class _Pane:
         finally:
             os.close(slave)
         self.hung_up = False
+        self.raw = bytearray()  # every byte the program wrote (escape sequences a screen does not keep: OSC 52)
         self._stop = threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True, name=f"pty reader {self.proc.pid}")
         self.reader.start()
@@ -208,6 +209,7 @@ class _Pane:
             if not data:
                 return
             with self.lock:
+                self.raw += data
                 self.stream.feed(data)
 
     def text(self) -> str:

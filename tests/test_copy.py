@@ -127,28 +127,7 @@ async def test_copy_before_any_answer_says_there_is_none(tmp_path):
 # -- the real terminal: OSC 52 on the pty, and tmux's buffer ----------------------------------------------------------
 
 class RawPane(_Pane):
-    """The pty terminal of tests/terminal_driver.py, also keeping every byte the program wrote."""
-
-    def __init__(self, *args: object) -> None:
-        self.raw = bytearray()
-        super().__init__(*args)  # type: ignore[arg-type]
-
-    def _read(self) -> None:
-        import select
-
-        while not self._stop.is_set():
-            ready, _, _ = select.select([self.master], [], [], 0.05)
-            if not ready:
-                continue
-            try:
-                data = os.read(self.master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            with self.lock:
-                self.raw += data
-                self.stream.feed(data)
+    """The pty terminal of tests/terminal_driver.py, waited on with the raw bytes the program wrote as well."""
 
     def wait(self, what: str, found, timeout: float = WAIT):  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout
