@@ -26,7 +26,8 @@ def exit_code_for(error: BaseException) -> int | None:
 
     from .config.checks import ConfigError
 
-    if isinstance(error, pe.SessionLocked):
+    fenced = isinstance(getattr(error, "cause", None), pe.StaleWriter)  # a checkpoint failed: another writer took over
+    if isinstance(error, (pe.SessionLocked, pe.StaleWriter)) or fenced:
         return EXIT_LOCKED
     if isinstance(error, (pe.CorruptLog, pe.UnsupportedFormat)):
         return EXIT_CORRUPT

@@ -110,7 +110,15 @@ class NotDurableAtClose(CheckpointFailed):
     disk (a resume keeps every complete line, cuts a torn one); the rest are lost."""
 
     def __init__(self, session_id: str, cause: BaseException, durable_seq: int, last_seq: int) -> None:
+        self.cause = cause
+        self.durable_seq = durable_seq
+        self.last_seq = last_seq
         lost = last_seq - durable_seq
+        if isinstance(cause, StaleWriter):  # fenced: never written, by design; the session lives on elsewhere
+            PersistenceError.__init__(
+                self, f"{cause}: its last {lost} event{'s' if lost != 1 else ''} (seq {durable_seq + 1}–{last_seq}) "
+                      f"were not stored; the session goes on where the other writer has it (cairn show {session_id})")
+            return
         kept = (f"Events up to seq {durable_seq} are durable" if durable_seq >= 0
                 else "None of its events is durable")
         PersistenceError.__init__(
@@ -121,9 +129,6 @@ class NotDurableAtClose(CheckpointFailed):
             "keeps what is on disk and closes an unfinished turn as interrupted; free some space or fix the disk "
             "first",
         )
-        self.cause = cause
-        self.durable_seq = durable_seq
-        self.last_seq = last_seq
 
 
 class StaleWriter(PersistenceError):

@@ -36,7 +36,7 @@ from psycopg import errors as pgerrors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from .backend import Backend, EncodedEvent, LoadedLog, Writer
+from .backend import Backend, EncodedEvent, LiveWriter, LoadedLog, Writer
 from .checks import verify_pieces
 from .codec import decode_header, gc_paused
 from .errors import (
@@ -56,11 +56,14 @@ from .postgres_connections import (
     _close_quietly,
     _dead_here,
     application_name,
+    client_keepalives,
     default_connect,
     describe_url,
     parse_holder,
     retry_lost_connection,
+    set_server_keepalives,
 )
+from .postgres_fleet import live_writers
 from .postgres_load import _end_transaction, _Fetch, _fetch_bodies, _parts, decode_parts
 from .postgres_schema import (
     _HOLDER,
@@ -74,12 +77,10 @@ from .postgres_schema import (
     _key_parts,
     lock_key,
 )
+from .postgres_follow import channel
 from .postgres_writer import PostgresWriter
 
 CONNECT_TIMEOUT = 10  # seconds, unless the URL says otherwise
-# The server ends a lock connection whose machine vanished (no FIN ever comes) after idle + interval * count seconds
-# of silence, and so releases its lock: a session on a lost laptop can be resumed elsewhere about half a minute later.
-LOCK_KEEPALIVE = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
 # Adding `last_seq` to an older database waits at most this long for its `sessions` table (ALTER TABLE takes an
 # exclusive lock): rather than queue every other Cairn behind it, the writer goes on without it and a later one adds it.
 ADD_COLUMN_WAIT = "2s"
@@ -119,10 +120,15 @@ class PostgresBackend(Backend):
             ) from None
         if "connect_timeout" not in params:
             kwargs["connect_timeout"] = CONNECT_TIMEOUT
+        kwargs.update(client_keepalives(params))  # a vanished host is noticed within a bound (postgres_connections)
         try:
             conn = self._connect(self.url, role, **kwargs)
         except psycopg.Error as e:
             raise self.translate(e, "connect to") from None
+        try:
+            set_server_keepalives(conn)
+        except psycopg.Error:
+            pass  # best effort (a pooler may refuse them); a broken connection fails its first real use as before
         if self._schema_name is None:
             try:
                 row = conn.execute("SELECT current_schema()").fetchone()
@@ -273,6 +279,10 @@ class PostgresBackend(Backend):
     def lock_key(self, session_id: str) -> int:
         return lock_key(self._schema_name or "", session_id)
 
+    def channel(self) -> str:
+        """What the writers NOTIFY at each commit and followers LISTEN to: one channel per schema (postgres_follow)."""
+        return channel(self._schema_name or "")
+
     # -- locking ---------------------------------------------------------------------------------------------------
 
     def take_lock(self, session_id: str) -> Any:
@@ -284,8 +294,6 @@ class PostgresBackend(Backend):
         key = self.lock_key(session_id)
         deadline = time.monotonic() + DEAD_HOLDER_WAIT
         try:
-            for name, value in LOCK_KEEPALIVE.items():
-                conn.execute(f"SET {name} = {int(value)}")
             while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
                 holder = self._holder(conn, key)
                 if holder is None:
@@ -372,11 +380,13 @@ class PostgresBackend(Backend):
         writer.check.advance(log.check)
         return writer, log
 
-    def load(self, session_id: str) -> LoadedLog:
+    def load(self, session_id: str, holder_too: bool = True) -> LoadedLog:
         def query(conn: Any) -> LoadedLog:
             if not self._readable(conn):
                 raise SessionNotFound(session_id)
             log, _ = self._load_with(conn, session_id)
+            if not holder_too:
+                return log
             holder = self._holder(conn, self.lock_key(session_id))
             if holder is not None and _dead_here(*holder):
                 holder = None  # its process is gone; the server just has not dropped the lock yet
@@ -476,6 +486,13 @@ class PostgresBackend(Backend):
         if self._helper is not None:
             _close_quietly(self._helper)
             self._helper = None
+
+    def load_listed(self, session_id: str) -> LoadedLog:
+        return self.load(session_id, holder_too=False)
+
+    def live_writers(self, session_ids: list[str]) -> dict[str, LiveWriter] | None:
+        """Every live writer among `session_ids`, in one query over the lock connections (postgres_fleet)."""
+        return self._read("list the live sessions in", lambda c: live_writers(c, self._schema_name or "", session_ids))
 
     def exists(self, session_id: str) -> bool:
         def query(conn: Any) -> bool:

@@ -30,6 +30,38 @@ RECONNECT_MAX_DELAY = 2.0
 
 _APP_NAME = re.compile(r"^cairn (\S+) (\d+)$")
 
+# TCP keepalives on every Cairn connection, on both ends (SPEC §13 rev 4). A host that vanishes (powered off, cut off:
+# no FIN ever comes) is noticed by the SERVER after KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_COUNT = 19 s of
+# silence on an idle connection, and after USER_TIMEOUT_MS of unacknowledged data on a busy one; its backend then exits
+# and the session's advisory lock goes with it: another host can resume the session about 20 s after the cut (P13).
+# The client sets the same, so a cut-off Cairn's own sockets fail as quickly instead of hanging for minutes.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 3, 3
+USER_TIMEOUT_MS = (KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_COUNT) * 1000
+_CLIENT_KEEPALIVE = {"keepalives": "1", "keepalives_idle": str(KEEPALIVE_IDLE),
+                     "keepalives_interval": str(KEEPALIVE_INTERVAL), "keepalives_count": str(KEEPALIVE_COUNT),
+                     "tcp_user_timeout": str(USER_TIMEOUT_MS)}
+_SERVER_KEEPALIVE = {"tcp_keepalives_idle": KEEPALIVE_IDLE, "tcp_keepalives_interval": KEEPALIVE_INTERVAL,
+                     "tcp_keepalives_count": KEEPALIVE_COUNT, "tcp_user_timeout": USER_TIMEOUT_MS}
+
+
+def client_keepalives(params: dict[str, Any]) -> dict[str, str]:
+    """The libpq keepalive parameters the URL does not set itself (the user's own choice wins); `tcp_user_timeout`
+    only with a libpq that knows it (12+)."""
+    chosen = {k: v for k, v in _CLIENT_KEEPALIVE.items() if k not in params}
+    if psycopg.pq.version() < 120000:
+        chosen.pop("tcp_user_timeout", None)
+    return chosen
+
+
+def set_server_keepalives(conn: Any) -> None:
+    """The server side of the keepalives, in one round trip: the server then drops a vanished host's connection (and
+    its locks) within the bound above. `tcp_user_timeout` only on a server that has it (12+); on a Unix socket the
+    server ignores them all."""
+    settings = {k: v for k, v in _SERVER_KEEPALIVE.items()
+                if k != "tcp_user_timeout" or conn.info.server_version >= 120000}
+    conn.execute("SELECT " + ", ".join(f"set_config('{k}', '{int(v)}', false)" for k, v in settings.items()))
+
+
 Connect = Callable[..., "psycopg.Connection[Any]"]
 T = TypeVar("T")
 

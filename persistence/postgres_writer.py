@@ -13,6 +13,9 @@ reads the stored tail (newest seq, its body, `last_seq`) and sends again, from m
 was about to write: seq N+1 is never stored without N. A tail it cannot account for (below its last barrier, beyond what
 it wrote, or a row that is not the one it wrote) is not a crash's doing and is refused (CorruptDatabase, exit 4), with
 nothing written on top. The same retry (`retry_lost_connection`) serves the before-image store (blobs.py).
+
+Followers (SPEC §13 rev 4): every write that stores events also NOTIFYs the schema's channel with the session id and
+the newest seq it stores, nothing else, in the same round trip, just after its commit (postgres_follow says why).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import psycopg
 
 from .backend import EncodedEvent, Writer
 from .checks import MARK, RunningCheck
-from .errors import CorruptDatabase, PersistenceError, StaleWriter
+from .errors import CorruptDatabase, PersistenceError, SessionLocked, StaleWriter
 from .postgres_connections import _close_quietly, _unlock_and_close, retry_lost_connection
+from .postgres_follow import NOTIFY, payload
 from .postgres_schema import _VALUE_KEYS, VALUES_ROWS, Statements, _key_parts, event_columns
 
 
@@ -49,6 +53,8 @@ class WritingBackend(Protocol):
 
     def tail_query(self) -> str: ...
 
+    def channel(self) -> str: ...
+
 
 class PostgresWriter(Writer):
     # Every call is a network round trip that can block for as long as a TCP timeout: never on the event loop.
@@ -68,6 +74,7 @@ class PostgresWriter(Writer):
         self._level: str | None = None  # the data connection's synchronous_commit, as this writer last committed it
         self._sql = backend.statements()
         self._tail_sql = backend.tail_query()
+        self._channel = backend.channel()
         self.check = RunningCheck()  # open_writer continues it from the loaded log
         # What a server crash may still take: the events committed since the last durable commit (write-behind,
         # `synchronous_commit = off`), as stored, in seq order, kept until a durable commit covers them; and the newest
@@ -77,11 +84,18 @@ class PostgresWriter(Writer):
         self._since: list[EncodedEvent] = []
         self._next = tail[0] + 1 if tail is not None else 0  # the seq after the newest this writer has committed
         self._reconnected = False  # a connection was lost since the last write: check the stored tail before writing
+        self._fenced: StaleWriter | None = None  # set once another writer took the session (a takeover)
 
     def append(self, batch: list[EncodedEvent], durable: bool) -> int:
         """Write the batch; a lost connection (a server restart, a failover) is retried with backoff for up to
         RECONNECT_FOR seconds before the write fails (SPEC §5 rev 3). Runs in a worker thread: sleeping is fine."""
-        return retry_lost_connection(lambda: self._append_once(batch, durable))
+        if self._fenced is not None:
+            raise self._fenced  # another writer took the session: this one never touches it again
+        try:
+            return retry_lost_connection(lambda: self._append_once(batch, durable))
+        except StaleWriter as e:
+            self._fenced = e
+            raise
 
     def _append_once(self, batch: list[EncodedEvent], durable: bool) -> int:
         for _ in range(2):
@@ -122,6 +136,9 @@ class PostgresWriter(Writer):
                     conn.execute(f"SET synchronous_commit = {level}")
                 written = conn.execute(statement, params)
                 conn.execute("COMMIT")
+                if batch:  # followers are woken, by session and newest seq only, just after the commit (postgres_follow)
+                    conn.execute(NOTIFY, {"channel": self._channel, "payload": payload(self._id, batch[-1][0]),
+                                          "id": self._id, "token": self._token})
             self._level = level
             if written.rowcount != max(len(batch), 1):
                 return False  # not (or no longer) the writer: what was committed changed nothing
@@ -155,7 +172,11 @@ class PostgresWriter(Writer):
         crash took: it acknowledged them before they were durable), from memory, then the batch. The stored tail must
         be one this writer left: at or after its last durable event, at or before the newest it wrote, the very event
         it wrote there, and the newest seq the session's row records (stamped in the same transactions) must be
-        stored. Anything else is not a crash's doing: CorruptDatabase (exit 4), and nothing is written on top."""
+        stored. Anything else is not a crash's doing: CorruptDatabase (exit 4), and nothing is written on top. A
+        token that is no longer ours comes first: another writer took the session (a takeover), StaleWriter (exit 3)."""
+        taken = conn.execute("SELECT writer FROM sessions WHERE id = %s", (self._id,)).fetchone()
+        if taken is not None and taken[0] != self._token:  # fenced: another host took the session while we were away
+            raise StaleWriter(f"session {self._id!r} was taken over by another writer; this one stops writing")
         row = conn.execute(self._tail_sql, {"id": self._id}).fetchone()
         if row is None:
             return batch  # the session's row is gone: the write's own check refuses it (StaleWriter)
@@ -209,7 +230,11 @@ class PostgresWriter(Writer):
         if self._lock_conn is not None:
             _close_quietly(self._lock_conn)
             self._lock_conn = None
-        self._lock_conn = backend.take_lock(self._id)
+        try:
+            self._lock_conn = backend.take_lock(self._id)
+        except SessionLocked as e:  # another writer holds it now (a takeover that has not stamped its token yet)
+            raise StaleWriter(f"session {self._id!r} was taken over by another writer ({e}); this one stops "
+                              "writing") from None
         if self._current_writer() != self._token:
             _close_quietly(self._lock_conn)
             self._lock_conn = None

@@ -14,7 +14,7 @@ from textual.message import Message
 from textual.widget import Widget
 
 from cairn.persistence.coordinator import CoordinatorClosed
-from cairn.persistence.errors import CheckpointFailed
+from cairn.persistence.errors import CheckpointFailed, StaleWriter
 from cairn.persistence.session import LiveSession
 
 WRITE_BEHIND_DELAY = 0.2  # seconds after the first frame before write-behind starts (see on_mount)
@@ -31,17 +31,19 @@ class PersistenceService(Widget):
     class DurabilityChanged(Message):
         """Posted to the parent after every barrier (and when one starts): for the status bar."""
 
-        def __init__(self, state: str, durable_seq: int, error: str | None = None) -> None:
+        def __init__(self, state: str, durable_seq: int, error: str | None = None, fenced: bool = False) -> None:
             super().__init__()
             self.state = state  # "writing", "durable", "failed", "closed"
             self.durable_seq = durable_seq
             self.error = error
+            self.fenced = fenced  # failed for good: another writer took the session over (StaleWriter)
 
     def __init__(self, session: LiveSession) -> None:
         super().__init__()
         self.session = session
         self.closed = False
         self.barriers_handled = 0
+        self.fenced: str | None = None  # why the close wrote nothing: another writer took the session over
 
     def on_mount(self) -> None:
         # write-behind a moment after the first frame: its first wait loads anyio's asyncio backend (~20-30 ms in one
@@ -72,7 +74,8 @@ class PersistenceService(Widget):
         except Exception as e:
             if not future.done():
                 future.set_exception(e)
-            self.post_message(self.DurabilityChanged("failed", self.session.coordinator.durable_seq, str(e)))
+            fenced = isinstance(getattr(e, "cause", e), StaleWriter)
+            self.post_message(self.DurabilityChanged("failed", self.session.coordinator.durable_seq, str(e), fenced))
         else:
             if not future.done():
                 future.set_result(None)
@@ -85,5 +88,9 @@ class PersistenceService(Widget):
         self.closed = True
         try:
             await self.session.__aexit__(None, None, None)
+        except CheckpointFailed as e:
+            if not isinstance(e.cause, StaleWriter):
+                raise
+            self.fenced = str(e)  # by design: the screen said so; `cairn` says it again once the TUI is gone (exit 3)
         finally:
             self.post_message(self.DurabilityChanged("closed", self.session.coordinator.durable_seq))

@@ -19,7 +19,7 @@ import anyio
 import anyio.lowlevel
 
 from cairn.persistence.coordinator import CoordinatorClosed
-from cairn.persistence.errors import CheckpointFailed
+from cairn.persistence.errors import CheckpointFailed, StaleWriter
 from cairn.persistence.events import CHECKPOINT_FAILED
 from cairn.persistence.session import LiveSession
 
@@ -77,6 +77,8 @@ class CheckpointPolicy:
         try:
             await self.barrier("turn-end")
         except CheckpointFailed as e:
+            if isinstance(e.cause, StaleWriter):
+                return await call_next()  # fenced: nothing will ever be written again; the close says so, once
             coordinator = self.session.coordinator
             durable = (f"events up to seq {coordinator.durable_seq} are durable"
                        if coordinator.durable_seq >= 0 else "none of its events is durable yet")

@@ -136,6 +136,7 @@ class ChatScreen(Screen[None]):
         self._incoming: list[AnyEvent] = []
         self._drain_posted = False
         self._failure_shown = False
+        self.fenced = False  # another writer (another host) took the session over: this screen writes nothing more
         self._frame = UI_FRAME
         self._due = 0.0
         self._drawn = 0.0  # seconds spent laying out and drawing this screen since the last drain
@@ -350,7 +351,12 @@ class ChatScreen(Screen[None]):
     @on(PersistenceService.DurabilityChanged)
     def show_durability(self, message: PersistenceService.DurabilityChanged) -> None:
         self.status_bar.show_durability(message.state, message.durable_seq, message.error)
-        if message.state == "failed":
+        if message.fenced and not self.fenced:
+            self.fenced = True
+            self._toast(safe_text(f"{message.error}. This window no longer writes to it: quit, then `cairn show "
+                                  f"{self.session.id}` to read it."), title="Session taken over", severity="error",
+                        timeout=60)
+        elif message.state == "failed" and not self.fenced:
             if not self._failure_shown:  # one toast per run of failures, so the red status bar stays readable
                 self._failure_shown = True
                 self._toast(safe_text(str(message.error)), title="Checkpoint failed", severity="error", timeout=8)
@@ -462,6 +468,10 @@ class ChatScreen(Screen[None]):
         if self.resume_pending:
             self.history.add(message.text)
             self._toast("Review the recovered calls first (↑ brings your prompt back).", severity="warning")
+            return
+        if self.fenced:  # the writer is fenced: a turn could only fail; say why instead
+            self.history.add(message.text)
+            self._toast("Another writer took this session over: this window no longer writes to it.", severity="error")
             return
         if self.rewinding:
             self._toast("A rewind is being settled: the prompt is sent after it (↑ brings it back).",
