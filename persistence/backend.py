@@ -28,6 +28,14 @@ class LoadedLog(msgspec.Struct):
     extra: dict = msgspec.field(default_factory=dict)
 
 
+class LiveWriter(msgspec.Struct):
+    """Who writes a live session (SPEC §13): its host, its pid, since when (ms; None: not known)."""
+
+    host: str | None
+    pid: int | None
+    since: int | None = None
+
+
 class Writer(ABC):
     """Appends to one session. Used from one thread at a time (the coordinator serializes it)."""
 
@@ -62,6 +70,15 @@ class Backend(ABC):
 
     @abstractmethod
     def exists(self, session_id: str) -> bool: ...
+
+    def live_writers(self, session_ids: list[str]) -> dict[str, LiveWriter] | None:
+        """The writer of each live session among `session_ids`, found in one look for all of them (PostgreSQL: its
+        lock connections); None when the backend cannot, and the store asks each session's lock instead."""
+        return None
+
+    def load_listed(self, session_id: str) -> LoadedLog:
+        """A load for a listing that has its `live_writers` already: a backend may skip finding the holder again."""
+        return self.load(session_id)
 
     @abstractmethod
     def list_ids(self) -> list[str]: ...

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from .backend import Backend, EncodedEvent, Writer
+from .backend import Backend, EncodedEvent, LiveWriter, Writer
 from .errors import (
     CorruptLog,
     PersistenceError,
@@ -94,6 +94,11 @@ class SessionSummary(msgspec.Struct):
     usage: dict[str, int | None] | None = None  # input/output tokens summed over its answers (null: never reported)
     size: int | None = None  # bytes the session takes in its backend (None: unknown)
     rewind_pending: bool = False  # (rev 4 §10) a rewind was interrupted: nothing else runs until it is settled
+    # (rev 4 §13) a live session's writer: its host and pid, and since when it holds the session (ms); None otherwise
+    # or when not known (local backends know no `since`; a pid their lock file does not give is None)
+    host: str | None = None
+    pid: int | None = None
+    since: int | None = None
 
 
 class DeferredWriter(Writer):
@@ -221,21 +226,33 @@ class SessionStore:
 
     def list_sessions(self) -> list[SessionSummary]:
         """Every session, newest activity first. One that cannot be read is listed as `unreadable` with the reason;
-        it never hides the others. A store that cannot be listed at all raises (it must not look empty)."""
+        it never hides the others. A store that cannot be listed at all raises (it must not look empty). A live
+        session names its writer (SPEC §13): the backend finds every writer in one look where it can (PostgreSQL's lock
+        connections, before the logs are read, so a writer ending meanwhile errs towards `live`), else each session's
+        lock says."""
         out = []
-        for session_id in self.backend.list_ids():
+        ids = self.backend.list_ids()
+        writers = self.backend.live_writers(ids)
+        for session_id in ids:
             try:
-                log = self.backend.load(session_id)
+                log = self.backend.load(session_id) if writers is None else self.backend.load_listed(session_id)
             except (PersistenceError, RecursionError) as e:
                 if isinstance(e, StoreUnavailable) and not isinstance(e, SessionUnreadable):
                     raise
                 out.append(self._unreadable(session_id, e))
                 continue
-            summary = summarize(log.header, log.events, self._holder(session_id, log) is not None)
+            writer = writers.get(session_id) if writers is not None else self._local_writer(session_id, log)
+            summary = summarize(log.header, log.events, writer)
             summary.size = getattr(self.backend, "size", lambda _id: None)(session_id)
             out.append(summary)
         out.sort(key=lambda s: (s.updated, s.id), reverse=True)
         return out
+
+    def _local_writer(self, session_id: str, log) -> LiveWriter | None:
+        """A live session's writer as its lock file tells: the pid when it is known, no host (a JSONL or SQLite home
+        is one machine's, and its listing names none: `-`, as for a session nobody writes), no `since`."""
+        holder = self._holder(session_id, log)
+        return None if holder is None else LiveWriter(None, holder or None)
 
     def _unreadable(self, session_id: str, error: BaseException) -> SessionSummary:
         modified = getattr(self.backend, "modified_ms", lambda _id: 0)(session_id)
@@ -304,17 +321,21 @@ def unreadable_reason(error: BaseException) -> str:
     return getattr(error, "reason", None) or str(error)
 
 
-def summarize(header: SessionHeader, events: list[AnyEvent], live: bool) -> SessionSummary:
+def summarize(header: SessionHeader, events: list[AnyEvent], writer: LiveWriter | None) -> SessionSummary:
+    """A session's listing; `writer` (None: nobody holds it) makes it `live`, whatever its log says."""
     return SessionSummary(
         id=header.id,
         cwd=str(session_workspace(header, events)),
         created=header.created,
         updated=events[-1].time if events else header.created,
         events=len(events),
-        status="live" if live else ending_status(events),
+        status="live" if writer is not None else ending_status(events),
         first_prompt=next((e.text for e in events if isinstance(e, UserMessage)), ""),
         usage=usage_totals(events),
         rewind_pending=rewind_pending(events),
+        host=writer.host if writer is not None else None,
+        pid=writer.pid if writer is not None else None,
+        since=writer.since if writer is not None else None,
     )
 
 
