@@ -15,7 +15,8 @@ from ..exit_codes import EXIT_OK
 
 
 def sessions_command(args: argparse.Namespace, config: Any, store: Any) -> int:
-    """One line per session (this workspace's, or every one with --all), or one JSON object per line."""
+    """One line per session (this workspace's, or every one with --all), or one JSON object per line; a live one
+    names its writer's host and pid (HOST; `host`, `pid`, `since` in JSON) where the backend knows them (SPEC §13)."""
     import msgspec
 
     from cairn.widgets.terminal_text import safe_json, safe_text
@@ -35,17 +36,25 @@ def sessions_command(args: argparse.Namespace, config: Any, store: Any) -> int:
         where = "" if getattr(args, "all", False) else " for this directory (cairn sessions --all lists every one)"
         print(f"no sessions yet under {safe_text(str(config.home))}{where}", file=sys.stderr)
         return EXIT_OK
-    rows: list[tuple[str, ...]] = [("ID", "STATUS", "EVENTS", "SIZE", "UPDATED", "CWD", "FIRST PROMPT")]
+    rows: list[tuple[str, ...]] = [("ID", "STATUS", "HOST", "EVENTS", "SIZE", "UPDATED", "CWD", "FIRST PROMPT")]
     for s in summaries:
         what = s.first_prompt if s.status != "unreadable" else f"({s.reason})"
         size = human_size(s.size) if s.size is not None else "?"
         status = f"{s.status} (rewind pending)" if s.rewind_pending else s.status
-        row = (s.id, status, str(s.events), size, format_time(s.updated), s.cwd, first_line(what, 50))
+        row = (s.id, status, writer_label(s), str(s.events), size, format_time(s.updated), s.cwd, first_line(what, 50))
         rows.append(tuple(safe_text(cell) for cell in row))
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
     for r in rows:
-        print("  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
+        print("  ".join(r[i].ljust(widths[i]) for i in range(7)) + "  " + r[7])
     return EXIT_OK
+
+
+def writer_label(summary: Any) -> str:
+    """`host:pid` of a live session's writer (SPEC §13), `host` when its pid is unknown; `-` when nobody writes it or
+    no host is known (a JSONL or SQLite home is one machine's; a lock held by a connection that is not Cairn's)."""
+    if summary.status != "live" or not summary.host:
+        return "-"
+    return f"{summary.host}:{summary.pid}" if summary.pid else summary.host
 
 
 def show_command(args: argparse.Namespace, store: Any) -> int:
@@ -75,6 +84,16 @@ def show_command(args: argparse.Namespace, store: Any) -> int:
         for e in events:
             out.write(safe_json(encode_event(e)) + b"\n")
         out.flush()
+        return _then_follow(args, store, inspection)
+    print(safe_text(render_session(events, repair_from=len(inspection.events) if inspection.repair else None)),
+          flush=True)
+    return _then_follow(args, store, inspection)
+
+
+def _then_follow(args: argparse.Namespace, store: Any, inspection: Any) -> int:
+    """`--follow` (SPEC §13): then each new event as it is committed, until the writer ends (commands/follow.py)."""
+    if not getattr(args, "follow", False):
         return EXIT_OK
-    print(safe_text(render_session(events, repair_from=len(inspection.events) if inspection.repair else None)))
-    return EXIT_OK
+    from .follow import follow_session
+
+    return follow_session(args, store, inspection)

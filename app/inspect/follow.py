@@ -4,9 +4,13 @@
   is a write in progress: it is waited for (left unread until its newline arrives), never reported as torn.
 - SQLite: rows with `seq` at or after the next expected one, on a read-only connection (WAL readers never block the
   writer).
+- PostgreSQL: woken by the writer's notification (persistence/postgres_follow.py), then rows with `seq` at or after
+  the next expected one and the lock's holder, in one round trip; with no notification, only the holder is looked at,
+  once a second (HOLDER_EVERY).
 - Any other backend: the session is read again and the new tail taken (correct, if not cheap).
 
-Each poll also says who holds the session: the writer's pid, or None once no process holds it.
+Each poll also says who holds the session: the writer's pid, or None once no process holds it. `follow` is the
+headless loop over a tail (`cairn show --follow`): each event once and in order until the writer ends.
 """
 
 from __future__ import annotations
@@ -14,19 +18,23 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import time
 import urllib.parse
 from pathlib import Path
+from typing import Any, Iterator
 
 import msgspec
 
 from cairn.persistence.codec import ignorable_or_refuse
 from cairn.persistence.errors import CorruptLog, StoreUnavailable
 from cairn.persistence.events import AnyEvent, event_decoder
-from cairn.persistence.locks import lock_holder, probe_flock
+from cairn.persistence.locks import byte_is_held, hold_offset, lock_holder, probe_flock
 from cairn.persistence.store import SessionStore
 
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _READ = 1 << 20
+FILE_POLL = 0.05  # seconds between two looks at a file backend's session while following it headless
+HOLDER_EVERY = 1.0  # seconds: how often a PostgreSQL tail with no notification asks who holds the lock
 
 
 def decode_line(line: bytes, where: str, line_no: int) -> AnyEvent:
@@ -54,12 +62,20 @@ class Tail:
         self.next_seq += len(new)
         return new, inspection.live_pid
 
+    def wait(self, timeout: float) -> None:
+        """Block until there may be something new (a file backend: one short pause; at most `timeout` seconds)."""
+        time.sleep(min(timeout, FILE_POLL))
+
     def _check(self, events: list[AnyEvent], where: str) -> list[AnyEvent]:
         for e in events:
             if e.seq != self.next_seq:
                 raise CorruptLog(where, 0, f"seq {e.seq} where {self.next_seq} was expected (was the log replaced?)")
             self.next_seq += 1
         return events
+
+    def last(self) -> list[AnyEvent]:
+        """What was committed since the last poll, read after the holder was seen gone: the writer's last events."""
+        return self.poll()[0]
 
     def close(self) -> None:
         pass
@@ -124,21 +140,65 @@ class SqliteTail(Tail):
             self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=2.0, check_same_thread=False)
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot follow {self.where}: {e}", e) from None
+        self.version: int | None = None  # PRAGMA data_version at the last read: unchanged, nobody committed since
 
     def poll(self) -> tuple[list[AnyEvent], int | None]:
         try:
-            rows = self.conn.execute(
+            version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+            rows = [] if version == self.version else self.conn.execute(
                 "SELECT seq, body FROM events WHERE session_id = ? AND seq >= ? ORDER BY seq",
                 (self.session_id, self.next_seq),
             ).fetchall()
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot read {self.where}: {e}", e) from None
+        self.version = version
         events = [decode_line(body if isinstance(body, bytes) else body.encode(), self.where, seq + 1)
                   for seq, body in rows]
-        return self._check(events, self.where), lock_holder(self.store.lock_dir, self.session_id)
+        holder = lock_holder(self.store.lock_dir, self.session_id)
+        path: Path = self.store.backend.path  # type: ignore[attr-defined]
+        if holder is None and byte_is_held(path, hold_offset(self.session_id)):
+            holder = 0  # a live writer whose lock file was deleted: its byte of the database still says so
+        return self._check(events, self.where), holder
 
     def close(self) -> None:
         self.conn.close()
+
+
+class PostgresTail(Tail):
+    """Woken by the writer's notifications rather than re-reading the session (persistence/postgres_follow.py)."""
+
+    def __init__(self, store: SessionStore, session_id: str, known: int) -> None:
+        from cairn.persistence.postgres_follow import PostgresFollower  # psycopg: only on this backend
+
+        super().__init__(store, session_id, known)
+        backend: Any = store.backend
+        self.where = f"{backend.where}[{session_id}]"
+        self.follower = PostgresFollower(backend, session_id, known)
+        self.holder: int | None = None
+        self.host: str | None = None  # the writer's host, as its lock connection names it
+        self.asked = float("-inf")  # when the holder was last looked at (time.monotonic)
+
+    def poll(self) -> tuple[list[AnyEvent], int | None]:
+        """New events when a notification came (or at the first poll); with none, the holder once a second."""
+        if not self.follower.wait(0) and time.monotonic() - self.asked < HOLDER_EVERY:
+            return [], self.holder
+        return self._fetch()
+
+    def _fetch(self) -> tuple[list[AnyEvent], int | None]:
+        rows, held = self.follower.fetch()
+        self.asked = time.monotonic()
+        self.host, self.holder = (None, None) if held is None else (held[0], held[1] or 0)
+        events = [decode_line(body, self.where, seq + 1) for seq, body in rows]
+        return self._check(events, self.where), self.holder
+
+    def wait(self, timeout: float) -> None:
+        self.follower.wait(timeout)
+
+    def last(self) -> list[AnyEvent]:
+        return self._fetch()[0]
+
+    def close(self) -> None:
+        self.follower.close()
 
 
 def open_tail(store: SessionStore, session_id: str, known: int) -> Tail:
@@ -146,6 +206,25 @@ def open_tail(store: SessionStore, session_id: str, known: int) -> Tail:
     name = getattr(store.backend, "name", "")
     if name == "jsonl":
         return JsonlTail(store, session_id, known)
+    if name == "postgres":
+        return PostgresTail(store, session_id, known)
     if name == "sqlite" and isinstance(getattr(store.backend, "path", None), Path):
         return SqliteTail(store, session_id, known)
     return Tail(store, session_id, known)
+
+
+def follow(store: SessionStore, session_id: str, known: int, idle: float = HOLDER_EVERY) -> Iterator[AnyEvent]:
+    """Each event from seq `known` on, once and in order, as it is committed, until nobody holds the session (its
+    writer ended or died); then what it committed last, read after its lock was seen free, and the generator returns.
+    Read-only: never locks, never writes. `idle`: the longest wait between two looks at who holds the session."""
+    tail = open_tail(store, session_id, known)
+    try:
+        while True:
+            new, holder = tail.poll()
+            yield from new
+            if holder is None:
+                yield from tail.last()
+                return
+            tail.wait(idle)
+    finally:
+        tail.close()
