@@ -14,7 +14,7 @@ from typing import Any, NoReturn, Sequence
 
 from cairn.version import __version__
 
-from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_USAGE, exit_code_for, fail
+from .exit_codes import EXIT_CANCELLED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, exit_code_for, fail
 
 DESCRIPTION = """\
 Cairn: a terminal agent whose sessions survive a hard crash at any instant.
@@ -110,10 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", parents=[common], help="print a session as repair would leave it, without writing")
     show.add_argument("session_id", metavar="SESSION_ID")
     show.add_argument("--json", action="store_true", help="one event per line, as stored")
+    show.add_argument("--follow", action="store_true", help="then each new event as committed, until the writer ends")
 
     ins = sub.add_parser("inspect", parents=[common], help="read-only event history of a session (TUI); never locks or writes")
     ins.add_argument("session_id", metavar="SESSION_ID")
     ins.add_argument("--follow", action="store_true", help="keep showing the events another process is writing")
+
+    at = sub.add_parser("attach", parents=[common], help="the chat view of a session another process is writing, live "
+                        "and read-only (TUI)")
+    at.add_argument("session_id", metavar="SESSION_ID")
 
     from .commands.rewind import add_parsers as add_rewind_parsers
 
@@ -188,6 +193,11 @@ def dispatch(args: argparse.Namespace) -> int:
         from .screens.inspector import inspect_command  # Textual: imported for this command only
 
         return inspect_command(args, config_from(args, runs_model=False))
+    if command == "attach":
+        from .screens.attach import attach_command  # Textual: imported for this command only
+
+        resume = argparse.Namespace(**{**vars(args), "command": "resume"})  # its `r`: as `cairn resume SESSION_ID`
+        return attach_command(args, config_from(args, runs_model=False), lambda: tui_command(resume, config_from(resume)))
     if command == "config":
         from .commands.config import config_command
 
@@ -239,8 +249,9 @@ def run_tui(args: argparse.Namespace, config: Any) -> int:
             choice = app.run()
         finally:
             app.close_if_still_open()
-        if choice is None:
-            return EXIT_OK
+        fenced = app.chat.service.fenced if app.chat is not None else None
+        if choice is None:  # a session another writer took over ends in one line and exit 3, as `cairn run` does
+            return fail(fenced, EXIT_LOCKED) if fenced else EXIT_OK
         notice = None
         if choice.action == "open" and choice.session_id:
             try:  # the sessions screen never quits the app: a session that cannot be opened is said so there

@@ -70,6 +70,10 @@ KEYS = (
                                     "typed (its letters never change the answer) / cancel"),
     ("yes / no", "y / n, Esc / Enter", "yes / no / the highlighted button (No at first)"),
     ("sessions", "Enter / n / i / x / Esc", "open or resume / new session / inspect read-only / delete (asks first) / back"),
+    ("sessions", "h", "only the sessions one host writes, the next host at each press, then all again (PostgreSQL)"),
+    ("attach", "r / q, Esc", "`cairn attach ID`, a session another process writes (read-only; its approvals are "
+                             "decided there): once its writer ended, resume it here / leave"),
+    ("attach", "PgUp / PgDn, Home / End", "scroll; the top / follow the end again"),
     ("anywhere", "Ctrl+Q", "quit in order: cancel the turn, write its closing events, flush, unlock"),
 )
 
