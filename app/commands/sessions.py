@@ -36,16 +36,22 @@ def sessions_command(args: argparse.Namespace, config: Any, store: Any) -> int:
         where = "" if getattr(args, "all", False) else " for this directory (cairn sessions --all lists every one)"
         print(f"no sessions yet under {safe_text(str(config.home))}{where}", file=sys.stderr)
         return EXIT_OK
-    rows: list[tuple[str, ...]] = [("ID", "STATUS", "HOST", "EVENTS", "SIZE", "UPDATED", "CWD", "FIRST PROMPT")]
+    # HOST only where writers have hosts (PostgreSQL, SPEC §13): a JSONL or SQLite home is one machine's, and its table
+    # keeps the columns scripts already read
+    hosts = getattr(store.backend, "name", "") == "postgres"
+    rows: list[tuple[str, ...]] = [("ID", "STATUS", *(("HOST",) if hosts else ()), "EVENTS", "SIZE", "UPDATED", "CWD",
+                                    "FIRST PROMPT")]
     for s in summaries:
         what = s.first_prompt if s.status != "unreadable" else f"({s.reason})"
         size = human_size(s.size) if s.size is not None else "?"
         status = f"{s.status} (rewind pending)" if s.rewind_pending else s.status
-        row = (s.id, status, writer_label(s), str(s.events), size, format_time(s.updated), s.cwd, first_line(what, 50))
+        row = (s.id, status, *((writer_label(s),) if hosts else ()), str(s.events), size, format_time(s.updated),
+               s.cwd, first_line(what, 50))
         rows.append(tuple(safe_text(cell) for cell in row))
-    widths = [max(len(r[i]) for r in rows) for i in range(7)]
+    last = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(last)]
     for r in rows:
-        print("  ".join(r[i].ljust(widths[i]) for i in range(7)) + "  " + r[7])
+        print("  ".join(r[i].ljust(widths[i]) for i in range(last)) + "  " + r[last])
     return EXIT_OK
 
 
