@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from cairn.persistence.events import (
     TOOL_OUTCOME_UNKNOWN,
@@ -31,10 +31,11 @@ from cairn.persistence.events import (
 )
 
 from ..providers.base import HTTPStatusError, ProviderError, ServerReportedError
+from .token_estimate import messages_tokens, text_tokens, tools_tokens
 
 DEFAULT_CONTEXT_WINDOW = 128_000
 COMPACT_AT = 0.85  # of the window: leave room for the answer and for the estimate being rough
-CHARS_PER_TOKEN = 4  # a deliberately rough estimate; the server's own refusal is the backstop
+MIN_PIECE_TOKENS = 128  # a summary piece refused for length is halved down to this, then the compaction fails
 
 # Context windows of known model families (tokens); the first matching prefix wins, anything else gets the default.
 KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
@@ -95,12 +96,9 @@ def configured_window(env: Mapping[str, str] | None = None) -> int | None:
     return int(raw)
 
 
-def estimate_tokens(messages: list[dict[str, Any]], tools: list[Any] = ()) -> int:  # type: ignore[assignment]
-    """A rough size of a request in tokens (characters / 4, tools' schemas included)."""
-    size = len(json.dumps(messages, ensure_ascii=False))
-    for tool in tools:
-        size += len(getattr(tool, "description", "")) + len(json.dumps(getattr(tool, "parameters", {})))
-    return size // CHARS_PER_TOKEN + 1
+def estimate_tokens(messages: list[dict[str, Any]], tools: Iterable[Any] = ()) -> int:
+    """The size of a request in tokens, estimated by character class (token_estimate.py), tools' schemas included."""
+    return messages_tokens(messages) + tools_tokens(tools) + 1
 
 
 def is_context_overflow(error: ProviderError) -> bool:
@@ -191,20 +189,47 @@ def summary_messages(lines: list[str], so_far: str = "") -> list[dict[str, Any]]
 
 
 def summary_pieces(messages: list[dict[str, Any]], budget_tokens: int) -> list[list[str]]:
-    """The transcript cut into pieces of at most `budget_tokens` each, oldest first, so every summary request fits the
-    window however long the history is (SPEC §7 rev 3); a text longer than a piece is split, never dropped."""
-    limit = max(1, budget_tokens) * CHARS_PER_TOKEN
+    """The transcript cut into pieces of at most `budget_tokens` each (estimated), oldest first, so every summary
+    request fits the window however long the history is (SPEC §7 rev 3); a text longer than a piece is split, never
+    dropped."""
+    limit = max(1, budget_tokens)
     pieces: list[list[str]] = [[]]
     size = 0
     for line in transcript_lines(messages):
-        for start in range(0, max(len(line), 1), limit):
-            part = line[start:start + limit]
-            if size + len(part) > limit and pieces[-1]:
+        for part in split_text(line, limit):
+            tokens = text_tokens(part) + 1
+            if size + tokens > limit and pieces[-1]:
                 pieces.append([])
                 size = 0
             pieces[-1].append(part)
-            size += len(part) + 2
+            size += tokens
     return pieces
+
+
+def split_text(text: str, limit: int) -> list[str]:
+    """`text` in consecutive parts of at most `limit` estimated tokens each (halved until they fit)."""
+    if text_tokens(text) <= limit or len(text) < 2:
+        return [text]
+    middle = len(text) // 2
+    return split_text(text[:middle], limit) + split_text(text[middle:], limit)
+
+
+def halve_piece(piece: list[str], floor: int = MIN_PIECE_TOKENS) -> list[list[str]] | None:
+    """A piece the server refused for its length, as two halves of about equal size (the estimate was wrong for this
+    text, so the server is the judge); None when the piece is already at the floor: halving again would not help."""
+    sizes = [text_tokens(line) + 1 for line in piece]
+    total = sum(sizes)
+    if total <= floor:
+        return None
+    if len(piece) == 1:
+        middle = len(piece[0]) // 2
+        return [[piece[0][:middle]], [piece[0][middle:]]] if middle else None
+    running, cut = 0, 1
+    for cut, size in enumerate(sizes[:-1], start=1):
+        running += size
+        if running >= total / 2:
+            break
+    return [piece[:cut], piece[cut:]]
 
 
 def transcript_lines(messages: list[dict[str, Any]]) -> list[str]:

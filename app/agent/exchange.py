@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal, cast
@@ -52,10 +53,12 @@ from ..providers.base import (
 from ..tools.registry import ToolRegistry
 from .compaction import (
     COMPACT_AT,
+    MIN_PIECE_TOKENS,
     CompactionFailed,
     carried_facts,
     context_window_for,
     estimate_tokens,
+    halve_piece,
     is_context_overflow,
     summary_messages,
     summary_pieces,
@@ -333,10 +336,25 @@ class ModelExchange:
         tell(self.notices, Compacting(True))
         try:
             # half the window per piece: room for the summary so far, the instructions and the answer
-            for piece in summary_pieces(earlier.messages, int(window * SUMMARY_SHARE)):
+            pieces = deque(summary_pieces(earlier.messages, int(window * SUMMARY_SHARE)))
+            while pieces:
+                piece = pieces.popleft()
                 request = ModelRequest(messages=summary_messages(piece, summary), tools=[], model=self.provider.model,
                                        params=dict(self.params), turn=turn, step=step, max_tokens=self.output_limit)
-                summary, usage = await self._summarise(request)
+                try:
+                    summary, usage = await self._summarise(request)
+                except ProviderError as e:
+                    if not is_context_overflow(e):
+                        raise
+                    halves = halve_piece(piece)
+                    if halves is None:
+                        raise CompactionFailed(
+                            f"the server refused even a {MIN_PIECE_TOKENS}-token piece of history for its length "
+                            f"({e}); set CAIRN_CONTEXT_WINDOW to the model's real window"
+                        ) from e
+                    # the estimate was wrong for this text: the server is the judge (issue 44)
+                    log.info("the server refused a summary request for its length (%s); sending half the piece", e)
+                    pieces.extendleft(reversed(halves))
         finally:
             tell(self.notices, Compacting(False))
         if not summary:
