@@ -227,12 +227,12 @@ class ChatScreen(Screen[None]):
         rev 3: their choice, and visible), else ""."""
         from ..config.resumed import last_request_header
 
-        header = last_request_header(self.session.events)
-        now = limits_of(self.provider).endpoint
-        if header is None or not header.endpoint or not now or now == header.endpoint:
-            return ""
         from urllib.parse import urlsplit
 
+        header = last_request_header(self.session.events)
+        now = limits_of(self.provider).endpoint
+        if header is None or not header.endpoint or not now or urlsplit(now).netloc == urlsplit(header.endpoint).netloc:
+            return ""  # the same server (a provider switch on resume changes only the path)
         return f" @{urlsplit(now).netloc}"
 
     # -- the agent: built by `agent_lifetime` after the first frame; what the chat hears from it ---------------------
