@@ -10,6 +10,7 @@ which still ends with real `step/end`/`turn/end` events, and the command exits 1
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
 import sys
@@ -48,6 +49,7 @@ class Printer:
         self.out = sys.stdout
         self.err = err or sys.stderr
         self.ends_with_newline = True
+        self.line_broken = False  # a notice broke the answer's open line on the shared terminal (`note`)
         self.dim = _wants_colour(self.err)
         self.thinking = False  # a reasoning line is open on stderr
         self.thinking_at_line_start = True
@@ -65,6 +67,7 @@ class Printer:
             self.out.write(safe_text(event.delta))
             self.out.flush()
             self.ends_with_newline = event.delta.endswith("\n")
+            self.line_broken = False
         elif isinstance(event, AssistantMessage):
             self.end_reasoning()
             self.finish_line()
@@ -102,8 +105,13 @@ class Printer:
         self.thinking_at_line_start = True
 
     def note(self, message: str) -> None:
+        """A notice on a line of its own: when the answer's line is open on the same terminal or file, it is broken on
+        stderr first (stdout, the answer itself, is never changed)."""
         self.end_reasoning()
-        print(safe_text(message), file=self.err, flush=True)
+        open_line = not (self.ends_with_newline or self.line_broken)
+        lead = "\n" if open_line and _same_destination(self.out, self.err) else ""
+        self.line_broken = self.line_broken or bool(lead)
+        print(lead + safe_text(message), file=self.err, flush=True)
 
     def finish_line(self) -> None:
         if not self.as_json and not self.ends_with_newline:
@@ -117,6 +125,15 @@ def _wants_colour(stream: TextIO) -> bool:
         return stream.isatty() and not os.environ.get("NO_COLOR")
     except (AttributeError, ValueError):
         return False
+
+
+def _same_destination(out: TextIO, err: TextIO) -> bool:
+    """Whether stdout and stderr end up in one place (a terminal, `2>&1` into a file or pipe)."""
+    try:
+        a, b = os.fstat(out.fileno()), os.fstat(err.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) or (out.isatty() and err.isatty())
 
 
 def note(message: str) -> None:
@@ -178,8 +195,8 @@ async def _run(args: argparse.Namespace, config: Any, prompt: str) -> int:
 
         def waiting(notice: Notice) -> None:  # a stalled server is visible, at least every 10 s
             if isinstance(notice, Waiting) and notice.seconds is not None:
-                note(f"cairn: waiting for the server ({name}): {notice.seconds:.0f} s (CAIRN_TIMEOUT limits it; "
-                     "Ctrl+C cancels)")
+                printer.note(f"cairn: waiting for the server ({name}): {notice.seconds:.0f} s (CAIRN_TIMEOUT limits "
+                             "it; Ctrl+C cancels)")
 
         agent.loop.notices.append(waiting)
         async with anyio.create_task_group() as tg:

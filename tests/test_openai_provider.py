@@ -635,6 +635,16 @@ async def test_retry_after_as_http_date_is_capped_and_garbage_ignored(server, pr
     assert second.retry_after == 60.0 and third.retry_after is None and fourth.retry_after == 1.5
 
 
+
+async def test_litellms_relayed_retry_after_is_honoured_like_the_servers_own(server, provider):
+    """LiteLLM passes the upstream's `Retry-After` on as `llm_provider-retry-after` (and `-ms`): the same wait."""
+    server.push(error(429, headers={"llm_provider-retry-after": "7"}), error(503, headers={
+        "llm_provider-retry-after-ms": "2500"}), error(429, headers={"llm_provider-retry-after": "3600"}),
+        error(429, headers={"Retry-After": "2", "llm_provider-retry-after": "9"}))
+    relayed, relayed_ms, capped, own = [await failure(provider) for _ in range(4)]
+    assert (relayed.retry_after, relayed_ms.retry_after, capped.retry_after) == (7.0, 2.5, 60.0)
+    assert own.retry_after == 2.0  # the proxy's own word comes first
+
 async def test_failing_then_success_script(server, provider):
     server.push(*failing(503, 2, text("finally"), retry_after=1))
     errors = [await failure(provider) for _ in range(2)]

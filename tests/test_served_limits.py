@@ -106,6 +106,29 @@ def test_the_default_max_tokens_stays_inside_the_served_window_and_an_explicit_o
     assert sent == [1024, 3000]  # a quarter of n_ctx 4096 instead of 8192; the flag is sent as given
 
 
+
+@pytest.mark.parametrize("n_ctx, expected, why", [
+    (4096, 1024, "default: a quarter of the 4,096-token context window (at most 8,192)"),
+    (512, 256, "default: the floor, as a quarter of the 512-token context window is less"),
+    (131072, 8192, "default (within a quarter of the 131,072-token context window)"),
+])
+def test_cairn_config_shows_the_max_tokens_a_request_sends_and_why(tmp_path, n_ctx, expected, why):
+    """Issue 44: `cairn config` once said 8192 while 1024 was sent; now it shows what the next request sends."""
+    (tmp_path / "ws").mkdir()
+    with OpenAIServer(default=text("fine"), props={"default_generation_settings": {"n_ctx": n_ctx}}) as server:
+        env = env_for(tmp_path, server)
+        shown = cairn(["config", "--json"], env, tmp_path / "ws")
+        told = cairn(["config"], env, tmp_path / "ws")
+        flag = cairn(["config", "--json", "--max-tokens", "3000"], env, tmp_path / "ws")
+        ran = cairn(["run", "hello"], env, tmp_path / "ws")
+        sent = [r.body["max_tokens"] for r in server.requests if r.body]
+    assert shown.returncode == 0 and ran.returncode == 0, (shown.stderr, ran.stderr)
+    assert json.loads(shown.stdout)["max_tokens"] == {"value": expected, "source": why}
+    assert sent == [expected]  # what config said is what the request carried
+    line = next(x for x in told.stdout.splitlines() if x.startswith("max_tokens"))
+    assert line.split()[1] == str(expected) and line.endswith(why)
+    assert json.loads(flag.stdout)["max_tokens"] == {"value": 3000, "source": "flag --max-tokens"}
+
 class LlamaCppServer:
     """A llama.cpp server with a small context: requests over `n_ctx` get its exact `exceed_context_size_error`
     (summary requests too), others an answer; `/props` says `n_ctx` (the test server answers it)."""

@@ -58,15 +58,17 @@ def settings(config: Config) -> list[tuple[str, Any, str]]:
                                                               else "authorization"), src.get("api_key_header", "default")))
     headers = {k: ("***" if is_secret_name(k) or "key" in k.lower() or "token" in k.lower() else v)
                for k, v in config.headers.items()}
+    window = context_window_row(config, model or DEFAULT_MODELS[config.provider], url)
+    rows.append(("max_tokens", *max_tokens_row(config, window[0])))
     for name, value in (
-        ("max_tokens", config.max_tokens), ("timeout", config.timeout), ("max_retries", config.max_retries),
+        ("timeout", config.timeout), ("max_retries", config.max_retries),
         ("temperature", config.temperature), ("top_p", config.top_p), ("reasoning_effort", config.reasoning_effort),
         ("thinking_budget", config.thinking_budget), ("tool_choice", config.tool_choice),
         ("parallel_tool_calls", config.parallel_tool_calls), ("include_usage", config.include_usage),
         ("headers", headers or None), ("extra_body", config.extra_body or None),
     ):
         rows.append((name, value, src.get(name, "default")))
-    rows.append(("context_window", *context_window_row(config, model or DEFAULT_MODELS[config.provider], url)))
+    rows.append(("context_window", *window))
     rows.append(("transcript", config.transcript, src.get("transcript", "default")))
     return rows
 
@@ -78,6 +80,22 @@ def snapshots_shown(config: Config) -> str:
     if config.snapshots == "auto" and git_path() is None:
         return "auto (git not found: off)"
     return config.snapshots
+
+
+def max_tokens_row(config: Config, window: int) -> tuple[int | None, str]:
+    """The output-token limit requests actually send, and why: as set by the operator, or the default kept within a
+    quarter of the context window (ProviderLimits.output_tokens, the rule requests follow)."""
+    from ..providers.base import MIN_OUTPUT_TOKENS, ProviderLimits
+
+    source = config.sources.get("max_tokens", "default")
+    if source != "default" or not config.max_tokens:
+        return config.max_tokens, source
+    sent = ProviderLimits(max_tokens=config.max_tokens).output_tokens(window)
+    if sent == config.max_tokens:
+        return sent, f"default (within a quarter of the {window:,}-token context window)"
+    if sent == MIN_OUTPUT_TOKENS:
+        return sent, f"default: the floor, as a quarter of the {window:,}-token context window is less"
+    return sent, f"default: a quarter of the {window:,}-token context window (at most {config.max_tokens:,})"
 
 
 def context_window_row(config: Config, model: str, url: str) -> tuple[int, str]:

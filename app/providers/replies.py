@@ -52,16 +52,18 @@ def one_line_cut(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 
 
 def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """Seconds the server asked us to wait (`retry-after-ms`, or `Retry-After` as seconds or an HTTP date), capped at
-    MAX_RETRY_AFTER; None when it did not ask or the value makes no sense."""
+    """Seconds the server asked us to wait (`retry-after-ms`, or `Retry-After` as seconds or an HTTP date; either one
+    as LiteLLM relays it, `llm_provider-…`), capped at MAX_RETRY_AFTER; None when it did not ask or the value makes no
+    sense."""
     seconds: float | None = None
-    ms = headers.get("retry-after-ms")
+    # LiteLLM passes the upstream's headers on with an `llm_provider-` prefix: the same request from the same server
+    ms = headers.get("retry-after-ms") or headers.get("llm_provider-retry-after-ms")
     if ms:
         try:
             seconds = float(ms) / 1000.0
         except ValueError:
             seconds = None
-    value = headers.get("retry-after")
+    value = headers.get("retry-after") or headers.get("llm_provider-retry-after")
     if seconds is None and value:
         try:
             seconds = float(value)
