@@ -203,13 +203,13 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return config_command(args, config_from(args))
     if command == "acp":
-        try:
-            from .acp.serve import run_acp
-        except ModuleNotFoundError as e:
-            if (e.name or "").split(".")[0] not in ("acp", "pydantic", "pydantic_core"):
-                raise
+        from importlib.util import find_spec
+
+        from .acp.early import start_acp  # the standard library only: `initialize` is answered before the rest loads
+
+        if find_spec("acp") is None or find_spec("pydantic") is None:
             return fail("the ACP agent needs the agent-client-protocol package: reinstall Cairn (pip install -e .)", EXIT_USAGE)
-        return run_acp(config_from(args))
+        return start_acp(lambda: config_from(args))
     return tui_command(args, config_from(args))
 
 

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import signal
-import stat
 import sys
 from typing import Any, cast
 
@@ -35,8 +34,7 @@ import acp
 import anyio
 from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
 
-from ..config.provider import make_provider
-from ..config.resolver import Config, ConfigError
+from ..config.resolver import Config
 from .agent import CairnAgent
 
 log = logging.getLogger("cairn.acp")
@@ -45,36 +43,20 @@ PARSE_ERROR, INVALID_REQUEST = -32700, -32600
 CANCEL_REQUEST = 1  # not an error: `session/cancel` sent as a request (see the module docstring)
 
 
-def run_acp(config: Config) -> int:
-    """Entry point of `cairn acp`. A bad provider configuration fails here, as one line and exit code 2 (raised to the
-    CLI), before any client talks to us."""
-    make_provider(config)
-    check_stdio()
+def run_acp(config: Config, pending: bytes = b"") -> int:
+    """Serve until the client goes away. early.py (the entry point of `cairn acp`) has checked the configuration and
+    the stdio, and may already have answered `initialize`: `pending` is what it read from stdin and did not answer,
+    read here first."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="cairn acp: %(levelname)s %(message)s")
-    anyio.run(serve, config)
+    anyio.run(serve, config, pending)
     return 0
 
 
-def check_stdio() -> None:
-    """asyncio can stream only pipes, sockets and terminals: say so in one line rather than with a traceback."""
-    for stream in (sys.stdin, sys.stdout):
-        try:
-            fd = stream.fileno()
-            mode = os.fstat(fd).st_mode
-        except (AttributeError, OSError, ValueError):
-            fd, mode = -1, 0
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (fd >= 0 and os.isatty(fd))):
-            raise ConfigError(
-                "cairn acp speaks the Agent Client Protocol over stdin/stdout pipes; start it from an ACP client "
-                "(Zed, Toad), not with a file as its input or output"
-            )
-
-
-async def serve(config: Config) -> None:
+async def serve(config: Config, pending: bytes = b"") -> None:
     stdin, stdout = await acp.stdio_streams(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
     sys.stdout = sys.stderr  # the real stdout now belongs to the protocol stream
     screened = asyncio.StreamReader(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
-    screen = LineScreen(stdin, screened, stdout)
+    screen = LineScreen(stdin, screened, stdout, pending)
     async with anyio.create_task_group() as helpers:
         helpers.start_soon(screen.run)
         async with anyio.create_task_group() as hosts:
@@ -117,15 +99,27 @@ async def stop_on_signal(agent: CairnAgent, screen: "LineScreen") -> None:
 class LineScreen:
     """Reads protocol lines from stdin, answers the ones that are not JSON-RPC messages, forwards the rest."""
 
-    def __init__(self, source: asyncio.StreamReader, sink: asyncio.StreamReader, out: asyncio.StreamWriter) -> None:
+    def __init__(self, source: asyncio.StreamReader, sink: asyncio.StreamReader, out: asyncio.StreamWriter,
+                 pending: bytes = b"") -> None:
         self.source, self.sink, self.out = source, sink, out
         self._ended = False
+        # what early.py read from stdin and did not answer: its whole lines are screened before the stream's (an
+        # unfinished last one is completed by what the stream reads next)
+        *self._pending, self._partial = pending.split(b"\n")
+
+    async def _next_line(self) -> bytes:
+        if self._pending:
+            return self._pending.pop(0) + b"\n"
+        line = await self.source.readline()
+        if self._partial:
+            line, self._partial = self._partial + line, b""
+        return line
 
     async def run(self) -> None:
         try:
             while not self._ended:
                 try:
-                    line = await self.source.readline()
+                    line = await self._next_line()
                 except ValueError:  # longer than the buffer limit; what follows of it is answered as another bad line
                     self._answer(PARSE_ERROR, "Parse error: message too large")
                     continue

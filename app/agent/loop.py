@@ -313,9 +313,18 @@ class AgentLoop:
             self.report(line)
         append = self.session.append
         append(TurnStart(turn=st.turn))
-        await self.evidence.turn_started(st.turn)
-        if self.project_context is not None:
-            await self.project_context.turn_started(st.turn)
+        # the project context is read while the turn-start snapshot is taken (two git runs that overlap, P14); both
+        # are recorded in this order
+        context = self.project_context
+        reading = context.start_reading() if context is not None else None
+        try:
+            await self.evidence.turn_started(st.turn)
+        except BaseException:
+            if reading is not None:
+                reading.cancel()
+            raise
+        if context is not None:
+            await context.turn_started(st.turn, reading)
         step = 0
         while True:
             step += 1

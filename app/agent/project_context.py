@@ -16,6 +16,7 @@ whatever fails is left out (git lines) or recorded as an error with a notice (a 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
 import logging
@@ -303,9 +304,18 @@ class ProjectContext:
         return (environment_text(self.workspace, self.git_timeout),
                 read_instructions(self.workspace, self.config_dir))
 
-    async def turn_started(self, turn: int) -> None:
+    def start_reading(self) -> "asyncio.Future[tuple[str, tuple[list[InstructionFile], str, list[str]]]]":
+        """`read()` started now in a worker thread, for `turn_started(turn, reading)`: the loop starts it before the
+        turn-start snapshot, so the two git runs overlap instead of adding up before the first request (P14)."""
+        return asyncio.get_running_loop().run_in_executor(None, self.read)
+
+    async def turn_started(self, turn: int, reading: "asyncio.Future[tuple[str, tuple[list[InstructionFile], str, "
+                                                     "list[str]]]] | None" = None) -> None:
         try:
-            environment, (files, text, notices) = await anyio.to_thread.run_sync(self.read, abandon_on_cancel=True)
+            if reading is None:
+                environment, (files, text, notices) = await anyio.to_thread.run_sync(self.read, abandon_on_cancel=True)
+            else:
+                environment, (files, text, notices) = await reading
         except Exception as e:  # (a bug, or an OS surprise: the turn goes on with what the log last recorded)
             log.exception("reading the project context failed")
             self.report(f"project instructions and environment not read: {type(e).__name__}: {e}")

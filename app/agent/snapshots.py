@@ -251,7 +251,8 @@ class ShadowRepo:
             self._bulk = False
         left.sort(key=lambda e: e.path)
         manifest = self._write_manifest(left)
-        self._sync_objects(started)
+        if take or drop or (tree, manifest) != (self._last_tree, self._last_manifest):
+            self._sync_objects(started)  # (nothing written, and both already synced by this process: no fsync, P14)
         self._last_tree, self._last_manifest = tree, manifest
         told = [(e.path, e.reason) for e in left if e.reason in (TOO_LARGE, SECRET, UNREADABLE, SPECIAL)]
         return Snapshot(tree, told, manifest)

@@ -39,6 +39,19 @@ def parse_json(text: str | bytes | bytearray) -> Any:
     return value
 
 
+_ENCODER = msgspec.json.Encoder()
+
+
+def encode_json(value: Any) -> bytes:
+    """A request body as UTF-8 JSON. msgspec: ~30x faster than `json.dumps` on a long conversation, which every request
+    carries whole (P14); what msgspec refuses (keys that are neither strings nor numbers) goes through `json.dumps` as
+    before. Non-finite floats become null. A TypeError or ValueError for what neither can encode."""
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, RecursionError):
+        return json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
 class ToolSchema(msgspec.Struct, frozen=True):
     """A tool as the model sees it (OpenAI function-calling shape)."""
 

@@ -5,7 +5,8 @@ Decisions worth knowing:
 
 - `stream()` is an async generator: calling it contacts nothing; the HTTP request starts on first iteration (the
   pre-request barrier relies on this). The `httpx.AsyncClient` is built in the constructor, because building it (TLS
-  context, certificates) cost the first request of a session ~40 ms; building it opens no connection.
+  context, certificates) cost the first request of a session ~40 ms; building it opens no connection. Its TLS context
+  is the process's one (`tls.py`): loading the certificates again for every session cost each one ~50 ms.
 - The API key is sent only as `Authorization: Bearer <key>`, or as the raw key in the header `api_key_header` names
   (Azure's `api-key`); no header when there is no key, as local servers need none. The key is scrubbed (replaced
   by `***`) from every error message, since servers may echo request details.
@@ -72,6 +73,7 @@ from .base import (
     StreamItem,
     TextDelta,
     UnsendableRequest,
+    encode_json,
     parse_json,
 )
 from .replies import (
@@ -85,6 +87,7 @@ from .replies import (
     parse_usage,
     reasoning_text,
 )
+from .tls import shared_ssl_context
 from .urls import MIN_SECRET_CHARS, endpoint_of, is_secret_name, redact_url, url_credentials
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -284,7 +287,7 @@ class OpenAIProvider:
         return body
 
     def _new_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=self.timeout)
+        return httpx.AsyncClient(timeout=self.timeout, verify=shared_ssl_context())  # (one per process: tls.py)
 
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None or self._client.is_closed:  # closed by aclose(): a later stream() builds a new one
@@ -304,7 +307,7 @@ class OpenAIProvider:
         Nothing is contacted until the first iteration."""
         body = self.build_body(request)
         try:
-            payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
+            payload = encode_json(body)
         except (TypeError, ValueError) as exc:
             raise self._error(UnsendableRequest, f"request is not JSON-serializable: {exc}") from None
         client = self._get_client()
