@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +69,8 @@ class Forwarder:
                 down, _ = listener.accept()
             except OSError:
                 return
-            try:
-                up = socket.create_connection(self.target, timeout=10)
-                up.settimeout(None)
-            except OSError:
+            up = self._connect_upstream()
+            if up is None:
                 down.close()
                 continue
             # a peer that vanishes without a FIN is noticed within seconds (the server would do the same on its side)
@@ -85,6 +84,21 @@ class Forwarder:
                 self.sockets += [down, up]
             threading.Thread(target=self._pipe, args=(down, up), daemon=True).start()
             threading.Thread(target=self._pipe, args=(up, down), daemon=True).start()
+
+    def _connect_upstream(self) -> socket.socket | None:
+        """A connection to the real server, tried a few times: on a loaded machine one attempt failing (a full accept
+        queue, a refused SYN) must not look to the client like the server closing on it — a router would not answer
+        before the server did either. Each failure is printed, so a test that still fails shows why."""
+        for attempt in range(5):
+            try:
+                up = socket.create_connection(self.target, timeout=10)
+                up.settimeout(None)
+                return up
+            except OSError as e:
+                print(f"pg_hosts forwarder: connecting to {self.target} failed (attempt {attempt + 1}): {e!r}",
+                      file=sys.stderr, flush=True)
+                time.sleep(0.2 * (attempt + 1))
+        return None
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket) -> None:
